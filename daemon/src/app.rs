@@ -1,0 +1,112 @@
+//! What the listeners share: config, store, inventory, event sink, metrics,
+//! and the write path that keeps the store and the inventory in step.
+
+use crate::config::Config;
+use crate::events::{Event, EventSink};
+use crate::hardware::{Hardware, Key};
+use crate::inventory::{Inventory, Patch};
+use crate::metrics::{ApplyOutcome, Metrics};
+use crate::store::{Outcome, Store, StoreError};
+use std::sync::Arc;
+use tokio::sync::Mutex;
+
+pub struct App {
+    pub config: Config,
+    pub store: Store,
+    pub inventory: Arc<Inventory>,
+    pub events: EventSink,
+    pub metrics: Arc<Metrics>,
+    /// Held across "commit to SQLite, then publish the snapshot" so that
+    /// snapshots are published in commit order.
+    write: Mutex<()>,
+}
+
+impl App {
+    pub fn new(
+        config: Config,
+        store: Store,
+        inventory: Arc<Inventory>,
+        events: EventSink,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        metrics.hardware.set(inventory.snapshot().len() as i64);
+        App {
+            config,
+            store,
+            inventory,
+            events,
+            metrics,
+            write: Mutex::new(()),
+        }
+    }
+
+    /// Apply a batch atomically: store first, then the inventory, then the
+    /// events. Unchanged documents are not rewritten.
+    pub async fn apply(&self, items: Vec<Hardware>) -> Result<Vec<(Key, Outcome)>, StoreError> {
+        let _w = self.write.lock().await;
+        let outcomes = match self.store.apply(&items).await {
+            Ok(o) => o,
+            Err(e) => {
+                if matches!(e, StoreError::Conflict { .. }) {
+                    self.metrics.applied(ApplyOutcome::Conflict);
+                }
+                return Err(e);
+            }
+        };
+        let mut patch = Patch::default();
+        let mut result = Vec::with_capacity(items.len());
+        for (hw, outcome) in items.into_iter().zip(outcomes) {
+            let key = hw.machine.key.clone();
+            let (label, kind) = match outcome {
+                Outcome::Created => (ApplyOutcome::Created, "hardware.created"),
+                Outcome::Configured => (ApplyOutcome::Configured, "hardware.updated"),
+                Outcome::Unchanged => (ApplyOutcome::Unchanged, ""),
+            };
+            self.metrics.applied(label);
+            if outcome != Outcome::Unchanged {
+                self.events.record(
+                    Event::new(kind, format!("Hardware {key} {}", outcome_word(outcome)))
+                        .machine(key.clone()),
+                );
+                patch.upsert.push(hw.machine);
+            }
+            result.push((key, outcome));
+        }
+        if !patch.upsert.is_empty() {
+            self.publish(patch);
+        }
+        Ok(result)
+    }
+
+    /// True when the Hardware existed.
+    pub async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        let _w = self.write.lock().await;
+        let existed = self.store.delete(key).await?;
+        if existed {
+            self.metrics.hardware_deletes.inc();
+            self.publish(Patch {
+                upsert: vec![],
+                delete: vec![key.clone()],
+            });
+            self.events.record(
+                Event::new("hardware.deleted", format!("Hardware {key} deleted"))
+                    .machine(key.clone()),
+            );
+        }
+        Ok(existed)
+    }
+
+    fn publish(&self, patch: Patch) {
+        let n = self.inventory.apply(patch);
+        self.metrics.inventory_swaps.inc();
+        self.metrics.hardware.set(n as i64);
+    }
+}
+
+pub fn outcome_word(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Created => "created",
+        Outcome::Configured => "configured",
+        Outcome::Unchanged => "unchanged",
+    }
+}

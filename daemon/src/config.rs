@@ -1,0 +1,464 @@
+//! The one typed configuration: embedded defaults, then the TOML file, then
+//! `TINKERBOX_*` environment variables, then `--set key=value` flags. Unknown
+//! keys and bad values stop the start with an error naming the key.
+
+use figment::Figment;
+use figment::providers::{Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/tinkerbox/tinkerbox.toml";
+
+/// Config sections: `TINKERBOX_API_LISTEN` maps to `api.listen`.
+const SECTIONS: &[&str] = &["http", "api", "events", "log"];
+
+/// `TINKERBOX_*` variables that belong to the CLI, not to the config.
+const NOT_CONFIG: &[&str] = &["SERVER", "TOKEN", "CONFIG", "CACERT"];
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Database, API token and (later) artifacts live here.
+    pub state_dir: PathBuf,
+    pub http: HttpConfig,
+    pub api: ApiConfig,
+    pub events: EventsConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Public, unauthenticated listener: health, metrics (and boot files later).
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Admin API; every request needs the bearer token.
+    pub listen: SocketAddr,
+    /// PEM certificate chain and key: when both are set the API speaks HTTPS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsConfig {
+    /// Newest events kept per machine (older ones are trimmed).
+    pub per_machine: u32,
+    /// Events older than this are deleted, e.g. "30d", "12h".
+    #[serde(with = "human_duration")]
+    pub max_age: Duration,
+    /// Events waiting to be written; when full, new ones are dropped (and
+    /// counted) rather than slowing the packet path.
+    pub queue: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// A tracing filter: "info", "tinkerbox=debug,sqlx=warn", ...
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_dir: PathBuf::from("/var/lib/tinkerbox"),
+            http: HttpConfig::default(),
+            api: ApiConfig::default(),
+            events: EventsConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: SocketAddr::from(([0, 0, 0, 0], 7080)),
+        }
+    }
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7081)),
+            tls_cert: None,
+            tls_key: None,
+        }
+    }
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        EventsConfig {
+            per_machine: 1000,
+            max_age: Duration::from_secs(30 * 86400),
+            queue: 65536,
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// Where the configuration comes from.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// `--config`; when `None` the default path is read if it exists.
+    pub path: Option<PathBuf>,
+    /// `--set key=value` overrides, applied last.
+    pub overrides: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {0}: not found")]
+    NotFound(PathBuf),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Config {
+    pub fn load(src: &Sources) -> Result<Config, ConfigError> {
+        Self::load_with_env(src, std::env::vars())
+    }
+
+    /// `load` with the environment passed in, so tests need not touch the
+    /// process environment.
+    pub fn load_with_env(
+        src: &Sources,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        match &src.path {
+            Some(p) if !p.exists() => return Err(ConfigError::NotFound(p.clone())),
+            Some(p) => fig = fig.merge(Toml::file_exact(p)),
+            None if Path::new(DEFAULT_CONFIG_PATH).exists() => {
+                fig = fig.merge(Toml::file_exact(DEFAULT_CONFIG_PATH))
+            }
+            None => {}
+        }
+        // Env vars come from the given list rather than the process so that
+        // tests are hermetic (figment's Env provider reads the process only).
+        let mut env_dict = std::collections::BTreeMap::new();
+        for (k, v) in env {
+            let Some(rest) = k.strip_prefix("TINKERBOX_") else {
+                continue;
+            };
+            if NOT_CONFIG.contains(&rest) || rest.is_empty() {
+                continue;
+            }
+            let key = env_key(rest);
+            env_dict.insert(key, parse_value(&v));
+        }
+        for (k, v) in env_dict {
+            let name = format!(
+                "environment variable TINKERBOX_{}",
+                k.replace('.', "_").to_uppercase()
+            );
+            fig = fig.merge(Layer::new(name, &k, v));
+        }
+        for o in &src.overrides {
+            let (k, v) = o.split_once('=').ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "--set {o:?}: want KEY=VALUE, e.g. api.listen=127.0.0.1:7081"
+                ))
+            })?;
+            let k = k.trim();
+            fig = fig.merge(Layer::new(format!("--set {k}"), k, parse_value(v)));
+        }
+        let cfg: Config = fig.extract().map_err(|e| {
+            ConfigError::Invalid(
+                e.into_iter()
+                    .map(|e| describe(&e))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )
+        })?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let bad = |k: &str, m: &str| Err(ConfigError::Invalid(format!("config key {k}: {m}")));
+        match (&self.api.tls_cert, &self.api.tls_key) {
+            (Some(_), None) => return bad("api.tls_key", "required when api.tls_cert is set"),
+            (None, Some(_)) => return bad("api.tls_cert", "required when api.tls_key is set"),
+            _ => {}
+        }
+        if self.events.per_machine == 0 {
+            return bad("events.per_machine", "must be at least 1");
+        }
+        if self.events.queue == 0 {
+            return bad("events.queue", "must be at least 1");
+        }
+        if self.state_dir.as_os_str().is_empty() {
+            return bad("state_dir", "must not be empty");
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return bad("log.level", &e.to_string());
+        }
+        Ok(())
+    }
+
+    /// TOML of the effective configuration (`tinkerbox config show`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        self.state_dir.join("tinkerbox.db")
+    }
+
+    pub fn token_path(&self) -> PathBuf {
+        self.state_dir.join("api-token")
+    }
+}
+
+/// One override (`api.listen = ...`) with a name that errors quote.
+struct Layer {
+    name: String,
+    dict: figment::value::Dict,
+}
+
+impl Layer {
+    fn new(name: String, key: &str, value: figment::value::Value) -> Self {
+        Layer {
+            name,
+            dict: figment::util::nest(key, value)
+                .into_dict()
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl figment::Provider for Layer {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named(self.name.clone())
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        Ok(figment::Profile::Default.collect(self.dict.clone()))
+    }
+}
+
+/// `API_TLS_CERT` -> `api.tls_cert`; `STATE_DIR` -> `state_dir`.
+fn env_key(rest: &str) -> String {
+    let lower = rest.to_ascii_lowercase();
+    for s in SECTIONS {
+        if let Some(k) = lower.strip_prefix(s).and_then(|r| r.strip_prefix('_')) {
+            return format!("{s}.{k}");
+        }
+    }
+    lower
+}
+
+/// A value from the environment or a flag: TOML syntax when it parses
+/// (`42`, `true`, `["a"]`), else the plain string.
+fn parse_value(v: &str) -> figment::value::Value {
+    let parsed = format!("v = {v}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"));
+    match parsed {
+        Some(t) => figment::value::Value::serialize(t).unwrap_or_else(|_| v.into()),
+        None => v.into(),
+    }
+}
+
+/// One figment error as one line that names the key and where it came from.
+fn describe(e: &figment::Error) -> String {
+    let key = e.path.join(".");
+    let source = e
+        .metadata
+        .as_ref()
+        .map(|m| match &m.source {
+            Some(s) => format!(" (from {s})"),
+            None => format!(" (from {})", m.name),
+        })
+        .unwrap_or_default();
+    match &e.kind {
+        figment::error::Kind::UnknownField(f, _) => {
+            // figment's path already ends with the unknown key, usually.
+            let full = if e.path.last() == Some(f) || key.is_empty() {
+                if key.is_empty() { f.clone() } else { key }
+            } else {
+                format!("{key}.{f}")
+            };
+            format!("config key {full}: unknown key{source}")
+        }
+        kind if key.is_empty() => format!("config: {kind}{source}"),
+        kind => format!("config key {key}: {kind}{source}"),
+    }
+}
+
+mod human_duration {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(|e| {
+            serde::de::Error::custom(format!("{e} in {s:?} (want e.g. \"30d\", \"12h\")"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file(body: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(body.as_bytes()).unwrap();
+        f
+    }
+
+    fn load(body: &str, env: &[(&str, &str)], sets: &[&str]) -> Result<Config, ConfigError> {
+        let f = file(body);
+        let src = Sources {
+            path: Some(f.path().to_path_buf()),
+            overrides: sets.iter().map(|s| s.to_string()).collect(),
+        };
+        Config::load_with_env(
+            &src,
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+    }
+
+    #[test]
+    fn defaults_and_layers() {
+        let c = load("", &[], &[]).unwrap();
+        assert_eq!(c, Config::default());
+        let c = load(
+            "state_dir = \"/tmp/x\"\n[api]\nlisten = \"127.0.0.1:9000\"\n",
+            &[
+                ("TINKERBOX_API_LISTEN", "127.0.0.1:9001"),
+                ("TINKERBOX_SERVER", "http://x"),
+                ("OTHER", "1"),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.api.listen.port(), 9001, "env beats file");
+        let c = load(
+            "[events]\nmax_age = \"2h\"\n",
+            &[("TINKERBOX_EVENTS_PER_MACHINE", "5")],
+            &["events.per_machine=7", "http.listen=127.0.0.1:1"],
+        )
+        .unwrap();
+        assert_eq!(c.events.per_machine, 7, "flag beats env");
+        assert_eq!(c.events.max_age, Duration::from_secs(7200));
+        assert_eq!(c.http.listen.port(), 1);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases: &[(&str, &[(&str, &str)], &[&str], &str)] = &[
+            ("bogus = 1\n", &[], &[], "config key bogus: unknown key"),
+            ("[api]\nlisten = 5\n", &[], &[], "config key api.listen"),
+            (
+                "[api]\nlisten = \"nope\"\n",
+                &[],
+                &[],
+                "config key api.listen",
+            ),
+            (
+                "[api]\nlistne = \"x\"\n",
+                &[],
+                &[],
+                "config key api.listne: unknown key",
+            ),
+            (
+                "[events]\nmax_age = \"soon\"\n",
+                &[],
+                &[],
+                "config key events.max_age",
+            ),
+            (
+                "[log]\nformat = \"xml\"\n",
+                &[],
+                &[],
+                "config key log.format",
+            ),
+            (
+                "",
+                &[("TINKERBOX_API_LISTNE", "x")],
+                &[],
+                "config key api.listne: unknown key",
+            ),
+            (
+                "",
+                &[("TINKERBOX_HTTP_LISTEN", "x")],
+                &[],
+                "TINKERBOX_HTTP_LISTEN",
+            ),
+            ("", &[], &["api.tls_cert=/x"], "config key api.tls_key"),
+            (
+                "",
+                &[],
+                &["events.per_machine=0"],
+                "config key events.per_machine",
+            ),
+            ("", &[], &["nokey"], "--set"),
+            ("[api\n", &[], &[], "config"),
+        ];
+        for (body, env, sets, want) in cases {
+            let err = load(body, env, sets).expect_err(body).to_string();
+            assert!(
+                err.contains(want),
+                "{body:?} {env:?} {sets:?}: {err:?} lacks {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn missing_explicit_file_is_an_error() {
+        let src = Sources {
+            path: Some("/nonexistent/t.toml".into()),
+            overrides: vec![],
+        };
+        assert!(matches!(
+            Config::load_with_env(&src, Vec::new()),
+            Err(ConfigError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn show_round_trips() {
+        let c = load("[api]\ntls_cert = \"/c\"\ntls_key = \"/k\"\n", &[], &[]).unwrap();
+        let again = load(&c.to_toml(), &[], &[]).unwrap();
+        assert_eq!(c, again);
+    }
+}

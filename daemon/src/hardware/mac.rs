@@ -1,0 +1,120 @@
+//! MAC addresses as the inventory keys them: six octets, shown lowercase
+//! with colons (the form Tinkerbell's CRD pattern and Smee's lookups use).
+
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Mac(pub [u8; 6]);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid MAC address {0:?}: want six hex octets such as 52:54:00:12:34:56")]
+pub struct MacError(pub String);
+
+impl Mac {
+    pub fn octets(&self) -> [u8; 6] {
+        self.0
+    }
+}
+
+impl FromStr for Mac {
+    type Err = MacError;
+
+    /// Accepts `aa:bb:cc:dd:ee:ff`, `aa-bb-cc-dd-ee-ff`, `aabb.ccdd.eeff` and
+    /// `aabbccddeeff`, any case: the spellings switches, BMCs and
+    /// spreadsheets use. Hand-written: the `macaddr` crate rejects the dotted
+    /// form and a dependency for twenty lines is not worth it.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || MacError(s.to_string());
+        let t = s.trim();
+        let hex: String = match t.len() {
+            17 => {
+                let sep = t.as_bytes()[2];
+                if sep != b':' && sep != b'-' {
+                    return Err(err());
+                }
+                let parts: Vec<&str> = t.split(sep as char).collect();
+                if parts.len() != 6 || parts.iter().any(|p| p.len() != 2) {
+                    return Err(err());
+                }
+                parts.concat()
+            }
+            14 => {
+                let parts: Vec<&str> = t.split('.').collect();
+                if parts.len() != 3 || parts.iter().any(|p| p.len() != 4) {
+                    return Err(err());
+                }
+                parts.concat()
+            }
+            12 => t.to_string(),
+            _ => return Err(err()),
+        };
+        let mut out = [0u8; 6];
+        for (i, o) in out.iter_mut().enumerate() {
+            let pair = hex.get(2 * i..2 * i + 2).ok_or_else(err)?;
+            *o = u8::from_str_radix(pair, 16).map_err(|_| err())?;
+        }
+        // from_str_radix accepts a leading '+': reject anything not hex.
+        if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(err());
+        }
+        Ok(Mac(out))
+    }
+}
+
+impl fmt::Display for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            o[0], o[1], o[2], o[3], o[4], o[5]
+        )
+    }
+}
+
+impl fmt::Debug for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spellings_normalise() {
+        for s in [
+            "52:54:00:AB:cd:0F",
+            "52-54-00-ab-CD-0f",
+            "5254.00ab.cd0f",
+            "525400abcd0f",
+            " 52:54:00:ab:cd:0f ",
+        ] {
+            assert_eq!(
+                s.parse::<Mac>().unwrap().to_string(),
+                "52:54:00:ab:cd:0f",
+                "{s}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        for s in [
+            "",
+            "52:54:00:ab:cd",
+            "52:54:00:ab:cd:0g",
+            "52:54:00:ab:cd:0f:11",
+            "52:54-00:ab:cd:0f",
+            "+2:54:00:ab:cd:0f",
+            "5254.00ab.cd0",
+            "52545400abcd0f",
+            "zz5400abcd0f",
+            "525400abcd+f",
+        ] {
+            assert!(s.parse::<Mac>().is_err(), "{s:?} should be rejected");
+        }
+    }
+}

@@ -1,0 +1,215 @@
+#![deny(unsafe_code)]
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tinkerbox::cli::{self, Output, Target};
+use tinkerbox::config::{Config, LogFormat, Sources};
+
+/// A bare-metal provisioning appliance compatible with the Tinkerbell stack.
+#[derive(Parser)]
+#[command(name = "tinkerbox", version, propagate_version = true)]
+struct Args {
+    /// Config file [default: /etc/tinkerbox/tinkerbox.toml if it exists]
+    #[arg(long, global = true, env = "TINKERBOX_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Log format (overrides log.format)
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
+    /// Admin API URL, e.g. http://127.0.0.1:7081 [default: from the config's api.listen]
+    #[arg(long, global = true, env = "TINKERBOX_SERVER", value_name = "URL")]
+    server: Option<String>,
+    /// Admin API token [default: read from state_dir/api-token]
+    #[arg(
+        long,
+        global = true,
+        env = "TINKERBOX_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+    /// CA certificate (PEM) to trust for an HTTPS admin API [default: the config's api.tls_cert]
+    #[arg(long, global = true, env = "TINKERBOX_CACERT", value_name = "PATH")]
+    cacert: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon
+    Serve {
+        /// Override a config key, e.g. --set api.listen=127.0.0.1:9081 (repeatable)
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Inspect the configuration
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Manage Tinkerbell Hardware objects
+    Hardware {
+        #[command(subcommand)]
+        command: HardwareCommand,
+    },
+    /// Show what happened to machines (newest last)
+    Events {
+        /// Hardware name [default: every machine]
+        name: Option<String>,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// How many of the newest events
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        /// Keep printing new events as they arrive
+        #[arg(short, long)]
+        follow: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the effective configuration (defaults, file, env, --set) as TOML
+    Show {
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum HardwareCommand {
+    /// Create or update Hardware from YAML/JSON (one or many documents, or a list)
+    Apply {
+        /// File to read, or - for standard input (repeatable)
+        #[arg(short = 'f', long = "filename", required = true, value_name = "FILE")]
+        files: Vec<String>,
+        /// Apply every document in one transaction: all or nothing
+        #[arg(long)]
+        atomic: bool,
+    },
+    /// List Hardware, or show one
+    Get {
+        name: Option<String>,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// Every namespace
+        #[arg(short = 'A', long, conflicts_with = "namespace")]
+        all_namespaces: bool,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Delete a Hardware
+    Delete {
+        name: String,
+        #[arg(short, long)]
+        namespace: Option<String>,
+    },
+}
+
+fn init_logging(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    // One process-wide TLS provider, for the API server and the CLI client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let target = |sets: Vec<String>| Target {
+        server: args.server.clone(),
+        token: args.token.clone(),
+        cacert: args.cacert.clone(),
+        config: Sources {
+            path: args.config.clone(),
+            overrides: sets,
+        },
+    };
+    match &args.command {
+        Command::Serve { set } => {
+            let config = Config::load(&target(set.clone()).config)?;
+            init_logging(
+                args.log_format.unwrap_or(config.log.format),
+                &config.log.level,
+            );
+            tinkerbox::serve::run(config).await
+        }
+        Command::Config {
+            command: ConfigCommand::Show { set },
+        } => {
+            let config = Config::load(&target(set.clone()).config)?;
+            print!("{}", config.to_toml());
+            Ok(())
+        }
+        Command::Hardware { command } => match command {
+            HardwareCommand::Apply { files, atomic } => {
+                cli::apply(&target(vec![]), files, *atomic).await
+            }
+            HardwareCommand::Get {
+                name,
+                namespace,
+                all_namespaces,
+                output,
+            } => {
+                cli::get(
+                    &target(vec![]),
+                    name.as_deref(),
+                    namespace.as_deref(),
+                    *all_namespaces,
+                    *output,
+                )
+                .await
+            }
+            HardwareCommand::Delete { name, namespace } => {
+                cli::delete(&target(vec![]), name, namespace.as_deref()).await
+            }
+        },
+        Command::Events {
+            name,
+            namespace,
+            limit,
+            output,
+            follow,
+        } => {
+            cli::events(
+                &target(vec![]),
+                cli::EventsArgs {
+                    name: name.as_deref(),
+                    namespace: namespace.as_deref(),
+                    limit: *limit,
+                    output: *output,
+                    follow: *follow,
+                },
+            )
+            .await
+        }
+    }
+}

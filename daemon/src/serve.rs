@@ -1,0 +1,174 @@
+//! `tinkerbox serve`: open the store, build the inventory, bind every
+//! listener, then tell systemd we are ready; stop cleanly on SIGTERM/SIGINT.
+
+use crate::app::App;
+use crate::config::Config;
+use crate::events;
+use crate::inventory::{Inventory, Snapshot};
+use crate::metrics::Metrics;
+use crate::store::Store;
+use crate::{api, http, token};
+use anyhow::Context;
+use sd_notify::NotifyState;
+use std::os::unix::fs::DirBuilderExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let started = Instant::now();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(&config.state_dir)
+        .with_context(|| format!("state_dir {}: cannot create", config.state_dir.display()))?;
+    let token: Arc<str> = token::load_or_create(&config.token_path())
+        .with_context(|| format!("api token {}", config.token_path().display()))?
+        .into();
+
+    let store = Store::open(&config.db_path())
+        .await
+        .with_context(|| format!("opening {}", config.db_path().display()))?;
+    let hardware = store.load_all().await?;
+    let n = hardware.len();
+    let inventory = Arc::new(Inventory::new(Snapshot::build(
+        hardware.into_iter().map(|h| h.machine),
+    )));
+    tracing::info!(
+        hardware = n,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "inventory loaded"
+    );
+
+    let metrics = Arc::new(Metrics::new());
+    let (sink, rx) = events::channel(config.events.queue, metrics.clone());
+    let writer = tokio::spawn(events::writer(
+        rx,
+        store.clone(),
+        metrics.clone(),
+        config.events.per_machine,
+        config.events.max_age,
+    ));
+    let app = Arc::new(App::new(
+        config.clone(),
+        store.clone(),
+        inventory,
+        sink,
+        metrics,
+    ));
+
+    // Bind everything before READY, so a port clash fails the start.
+    let http_sock = tokio::net::TcpListener::bind(config.http.listen)
+        .await
+        .with_context(|| format!("http.listen {}: cannot bind", config.http.listen))?;
+    let api_sock = std::net::TcpListener::bind(config.api.listen)
+        .with_context(|| format!("api.listen {}: cannot bind", config.api.listen))?;
+    api_sock.set_nonblocking(true)?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let http_app = http::router(app.clone());
+    let mut http_stop = stop_rx.clone();
+    let http_task = tokio::spawn(async move {
+        axum::serve(http_sock, http_app)
+            .with_graceful_shutdown(async move {
+                let _ = http_stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
+
+    let api_app = api::router(app.clone(), token);
+    let api_handle = axum_server::Handle::<std::net::SocketAddr>::new();
+    let api_task = match (&config.api.tls_cert, &config.api.tls_key) {
+        (Some(cert), Some(key)) => {
+            let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+                .await
+                .with_context(|| {
+                    format!(
+                        "api.tls_cert/api.tls_key ({}, {})",
+                        cert.display(),
+                        key.display()
+                    )
+                })?;
+            let server = axum_server::from_tcp_rustls(api_sock, tls)?.handle(api_handle.clone());
+            tokio::spawn(async move { server.serve(api_app.into_make_service()).await })
+        }
+        _ => {
+            let server = axum_server::from_tcp(api_sock)?.handle(api_handle.clone());
+            tokio::spawn(async move { server.serve(api_app.into_make_service()).await })
+        }
+    };
+
+    let scheme = if config.api.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tracing::info!(
+        http = %config.http.listen,
+        api = %format!("{scheme}://{}", config.api.listen),
+        hardware = n,
+        startup_ms = started.elapsed().as_millis() as u64,
+        "tinkerbox ready"
+    );
+    let _ = sd_notify::notify(&[
+        NotifyState::Ready,
+        NotifyState::Status(&format!("serving {n} hardware")),
+    ]);
+    let watchdog =
+        sd_notify::watchdog_enabled().map(|every| tokio::spawn(watchdog(store.clone(), every)));
+
+    shutdown_signal().await;
+    tracing::info!("stopping");
+    let _ = sd_notify::notify(&[NotifyState::Stopping]);
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    let _ = stop_tx.send(true);
+    api_handle.graceful_shutdown(Some(Duration::from_secs(5)));
+    let _ = tokio::time::timeout(Duration::from_secs(10), http_task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), api_task).await;
+    // The last sender goes with the app: the writer then drains and exits.
+    drop(app);
+    if tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .is_err()
+    {
+        tracing::warn!("event writer did not finish within 10s");
+    }
+    store.close().await;
+    Ok(())
+}
+
+/// Feed systemd's watchdog at half its period, but only while the store
+/// answers: a wedged database should get the service restarted.
+async fn watchdog(store: Store, period: Duration) {
+    let mut tick = tokio::time::interval(period / 2);
+    loop {
+        tick.tick().await;
+        match tokio::time::timeout(period / 4, store.ping()).await {
+            Ok(Ok(())) => {
+                let _ = sd_notify::notify(&[NotifyState::Watchdog]);
+            }
+            Ok(Err(e)) => tracing::error!(error = %e, "watchdog: store check failed"),
+            Err(_) => tracing::error!("watchdog: store check timed out"),
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

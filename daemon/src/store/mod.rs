@@ -1,0 +1,424 @@
+//! The store: SQLite through sqlx, the source of truth. Every write is one
+//! transaction with `synchronous = FULL`, so a write that returned success
+//! survives kill -9 and power loss. Nothing on a packet path reads from here;
+//! the [`crate::inventory`] is rebuilt from it.
+
+use crate::events::Event;
+use crate::hardware::{self, Hardware, Key};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::Row;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A MAC or IP already belongs to another Hardware.
+    #[error("{field}: {message}")]
+    Conflict {
+        field: String,
+        message: String,
+        owner: Key,
+    },
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("stored document for {0} is corrupt: {1}")]
+    Corrupt(Key, String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Created,
+    Configured,
+    Unchanged,
+}
+
+/// A stored event as read back.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct EventRow {
+    pub id: i64,
+    /// RFC 3339 UTC time.
+    pub time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    pub kind: String,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fields: Option<Value>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct EventQuery {
+    pub machine: Option<Key>,
+    /// Only events with a larger id (for following).
+    pub after: Option<i64>,
+    pub limit: u32,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Store {
+    /// Open (creating if needed) and migrate the database.
+    pub async fn open(path: &Path) -> Result<Store, StoreError> {
+        let opts = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(opts)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(Store { pool })
+    }
+
+    /// Every stored Hardware, validated again (for building the inventory).
+    pub async fn load_all(&self) -> Result<Vec<Hardware>, StoreError> {
+        let rows = sqlx::query("SELECT namespace, name, doc FROM hardware ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let key = Key::new(r.get::<String, _>(0), r.get::<String, _>(1));
+            let doc: Value = serde_json::from_str(r.get::<&str, _>(2))
+                .map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))?;
+            let hw = hardware::validate(doc)
+                .map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))?;
+            out.push(hw);
+        }
+        Ok(out)
+    }
+
+    /// Create or update every item in one transaction: all or nothing.
+    /// A MAC or IP owned by another Hardware refuses the whole batch.
+    pub async fn apply(&self, items: &[Hardware]) -> Result<Vec<Outcome>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = now_ms();
+        let mut outcomes = Vec::with_capacity(items.len());
+        for (i, hw) in items.iter().enumerate() {
+            let m = &hw.machine;
+            let doc = hw.doc.to_string();
+            let existing: Option<(i64, String)> =
+                sqlx::query_as("SELECT id, doc FROM hardware WHERE namespace = ? AND name = ?")
+                    .bind(&m.key.namespace)
+                    .bind(&m.key.name)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let self_id = existing.as_ref().map(|e| e.0).unwrap_or(-1);
+            let prefix = |f: String| {
+                if items.len() > 1 {
+                    format!("[{i}].{f}")
+                } else {
+                    f
+                }
+            };
+            for (j, mac) in m.macs.iter().enumerate() {
+                if let Some(owner) =
+                    owner_of(&mut tx, Index::Mac, &mac.to_string(), self_id).await?
+                {
+                    return Err(StoreError::Conflict {
+                        field: prefix(mac_field(hw, j)),
+                        message: format!("MAC {mac} already belongs to Hardware {owner}"),
+                        owner,
+                    });
+                }
+            }
+            for ip in &m.ips {
+                if let Some(owner) = owner_of(&mut tx, Index::Ip, &ip.to_string(), self_id).await? {
+                    return Err(StoreError::Conflict {
+                        field: prefix(ip_field(hw, ip)),
+                        message: format!("IP {ip} already belongs to Hardware {owner}"),
+                        owner,
+                    });
+                }
+            }
+            let outcome = match &existing {
+                Some((_, old))
+                    if serde_json::from_str::<Value>(old).ok().as_ref() == Some(&hw.doc) =>
+                {
+                    outcomes.push(Outcome::Unchanged);
+                    continue;
+                }
+                Some(_) => Outcome::Configured,
+                None => Outcome::Created,
+            };
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO hardware (namespace, name, doc, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?)
+                 ON CONFLICT (namespace, name) DO UPDATE
+                 SET doc = excluded.doc, updated_ms = excluded.updated_ms, generation = generation + 1
+                 RETURNING id",
+            )
+            .bind(&m.key.namespace)
+            .bind(&m.key.name)
+            .bind(&doc)
+            .bind(now)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await?;
+            sqlx::query("DELETE FROM hardware_mac WHERE hardware_id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("DELETE FROM hardware_ip WHERE hardware_id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            for mac in &m.macs {
+                sqlx::query("INSERT INTO hardware_mac (mac, hardware_id) VALUES (?, ?)")
+                    .bind(mac.to_string())
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            for ip in &m.ips {
+                sqlx::query("INSERT INTO hardware_ip (ip, hardware_id) VALUES (?, ?)")
+                    .bind(ip.to_string())
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            outcomes.push(outcome);
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    pub async fn get(&self, key: &Key) -> Result<Option<Value>, StoreError> {
+        let row: Option<(String,)> =
+            sqlx::query_as("SELECT doc FROM hardware WHERE namespace = ? AND name = ?")
+                .bind(&key.namespace)
+                .bind(&key.name)
+                .fetch_optional(&self.pool)
+                .await?;
+        row.map(|(d,)| {
+            serde_json::from_str(&d).map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))
+        })
+        .transpose()
+    }
+
+    /// Documents in one namespace, or all, ordered by namespace and name.
+    pub async fn list(&self, namespace: Option<&str>) -> Result<Vec<Value>, StoreError> {
+        let rows: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT namespace, name, doc FROM hardware WHERE ?1 IS NULL OR namespace = ?1 ORDER BY namespace, name",
+        )
+        .bind(namespace)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(ns, n, d)| {
+                serde_json::from_str(&d)
+                    .map_err(|e| StoreError::Corrupt(Key::new(ns, n), e.to_string()))
+            })
+            .collect()
+    }
+
+    /// True when something was deleted.
+    pub async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        let r = sqlx::query("DELETE FROM hardware WHERE namespace = ? AND name = ?")
+            .bind(&key.namespace)
+            .bind(&key.name)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    /// Append a batch of events in one transaction, then trim the machines it
+    /// touched to `per_machine` newest rows.
+    pub async fn insert_events(&self, batch: &[Event], per_machine: u32) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let mut touched: Vec<(Option<&str>, Option<&str>)> = Vec::new();
+        for e in batch {
+            let (ns, name) = match &e.machine {
+                Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
+                None => (None, None),
+            };
+            sqlx::query(
+                "INSERT INTO events (ts_ms, namespace, name, mac, ip, kind, message, fields)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(e.ts_ms)
+            .bind(ns)
+            .bind(name)
+            .bind(e.mac.map(|m| m.to_string()))
+            .bind(e.ip.map(|i| i.to_string()))
+            .bind(e.kind)
+            .bind(&e.message)
+            .bind(e.fields.as_ref().map(Value::to_string))
+            .execute(&mut *tx)
+            .await?;
+            if !touched.contains(&(ns, name)) {
+                touched.push((ns, name));
+            }
+        }
+        for (ns, name) in touched {
+            sqlx::query(
+                "DELETE FROM events WHERE namespace IS ?1 AND name IS ?2 AND id <=
+                   (SELECT id FROM events WHERE namespace IS ?1 AND name IS ?2
+                    ORDER BY id DESC LIMIT 1 OFFSET ?3)",
+            )
+            .bind(ns)
+            .bind(name)
+            .bind(per_machine as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Delete events older than `max_age`; returns how many went.
+    pub async fn expire_events(&self, max_age: Duration) -> Result<u64, StoreError> {
+        let cutoff = now_ms() - max_age.as_millis() as i64;
+        let r = sqlx::query("DELETE FROM events WHERE ts_ms < ?")
+            .bind(cutoff)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    /// The newest `limit` events matching, oldest first.
+    pub async fn events(&self, q: &EventQuery) -> Result<Vec<EventRow>, StoreError> {
+        let (ns, name) = match &q.machine {
+            Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
+            None => (None, None),
+        };
+        let rows = sqlx::query(
+            "SELECT id, ts_ms, namespace, name, mac, ip, kind, message, fields FROM events
+             WHERE (?1 IS NULL OR (namespace = ?1 AND name = ?2)) AND id > ?3
+             ORDER BY id DESC LIMIT ?4",
+        )
+        .bind(ns)
+        .bind(name)
+        .bind(q.after.unwrap_or(0))
+        .bind(q.limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out: Vec<EventRow> = rows
+            .into_iter()
+            .map(|r| {
+                let ts: i64 = r.get(1);
+                let time = UNIX_EPOCH + Duration::from_millis(ts.max(0) as u64);
+                EventRow {
+                    id: r.get(0),
+                    time: humantime::format_rfc3339_millis(time).to_string(),
+                    namespace: r.get(2),
+                    name: r.get(3),
+                    mac: r.get(4),
+                    ip: r.get(5),
+                    kind: r.get(6),
+                    message: r.get(7),
+                    fields: r
+                        .get::<Option<String>, _>(8)
+                        .and_then(|f| serde_json::from_str(&f).ok()),
+                }
+            })
+            .collect();
+        out.reverse();
+        Ok(out)
+    }
+
+    /// `PRAGMA integrity_check`: "ok" when the file is sound.
+    pub async fn integrity_check(&self) -> Result<String, StoreError> {
+        let r: (String,) = sqlx::query_as("PRAGMA integrity_check")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(r.0)
+    }
+
+    /// A cheap round trip, for the systemd watchdog and /healthz.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Index {
+    Mac,
+    Ip,
+}
+
+/// Which other Hardware (not `self_id`) holds this MAC or IP.
+async fn owner_of(
+    tx: &mut sqlx::SqliteConnection,
+    index: Index,
+    value: &str,
+    self_id: i64,
+) -> Result<Option<Key>, StoreError> {
+    let sql = match index {
+        Index::Mac => {
+            "SELECT h.namespace, h.name FROM hardware_mac t JOIN hardware h ON h.id = t.hardware_id
+             WHERE t.mac = ? AND h.id != ?"
+        }
+        Index::Ip => {
+            "SELECT h.namespace, h.name FROM hardware_ip t JOIN hardware h ON h.id = t.hardware_id
+             WHERE t.ip = ? AND h.id != ?"
+        }
+    };
+    let row: Option<(String, String)> = sqlx::query_as(sql)
+        .bind(value)
+        .bind(self_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    Ok(row.map(|(ns, n)| Key::new(ns, n)))
+}
+
+/// The path of the j-th indexed MAC in the document.
+fn mac_field(hw: &Hardware, j: usize) -> String {
+    let mut seen = 0;
+    for (i, iface) in hw.machine.spec.interfaces.iter().enumerate() {
+        if iface.dhcp.as_ref().and_then(|d| d.mac.as_ref()).is_some() {
+            if seen == j {
+                return format!("spec.interfaces[{i}].dhcp.mac");
+            }
+            seen += 1;
+        }
+    }
+    "spec.interfaces".into()
+}
+
+fn ip_field(hw: &Hardware, ip: &std::net::IpAddr) -> String {
+    for (i, iface) in hw.machine.spec.interfaces.iter().enumerate() {
+        let a = iface
+            .dhcp
+            .as_ref()
+            .and_then(|d| d.ip.as_ref())
+            .and_then(|p| p.address.as_deref());
+        if a.and_then(|a| a.trim().parse::<std::net::IpAddr>().ok()) == Some(*ip) {
+            return format!("spec.interfaces[{i}].dhcp.ip.address");
+        }
+    }
+    "spec.interfaces".into()
+}
