@@ -5,7 +5,7 @@ use crate::config::Config;
 use crate::events::{Event, EventSink};
 use crate::hardware::{Hardware, Key};
 use crate::inventory::{Inventory, Patch};
-use crate::metrics::{ApplyOutcome, Metrics};
+use crate::metrics::Metrics;
 use crate::store::{Outcome, Store, StoreError};
 use std::sync::Arc;
 use tokio::sync::Mutex;
@@ -48,7 +48,7 @@ impl App {
             Ok(o) => o,
             Err(e) => {
                 if matches!(e, StoreError::Conflict { .. }) {
-                    self.metrics.applied(ApplyOutcome::Conflict);
+                    self.metrics.applied("conflict");
                 }
                 return Err(e);
             }
@@ -57,12 +57,11 @@ impl App {
         let mut result = Vec::with_capacity(items.len());
         for (hw, outcome) in items.into_iter().zip(outcomes) {
             let key = hw.machine.key.clone();
-            let (label, kind) = match outcome {
-                Outcome::Created => (ApplyOutcome::Created, "hardware.created"),
-                Outcome::Configured => (ApplyOutcome::Configured, "hardware.updated"),
-                Outcome::Unchanged => (ApplyOutcome::Unchanged, ""),
+            self.metrics.applied(outcome_word(outcome));
+            let kind = match outcome {
+                Outcome::Created => "hardware.created",
+                _ => "hardware.updated",
             };
-            self.metrics.applied(label);
             if outcome != Outcome::Unchanged {
                 self.events.record(
                     Event::new(kind, format!("Hardware {key} {}", outcome_word(outcome)))

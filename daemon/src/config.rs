@@ -385,7 +385,8 @@ mod tests {
 
     #[test]
     fn errors_name_the_key() {
-        let cases: &[(&str, &[(&str, &str)], &[&str], &str)] = &[
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [&'a str], &'a str);
+        let cases: &[Case] = &[
             ("bogus = 1\n", &[], &[], "config key bogus: unknown key"),
             ("[api]\nlisten = 5\n", &[], &[], "config key api.listen"),
             (

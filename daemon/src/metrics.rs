@@ -1,17 +1,14 @@
 //! Prometheus metrics (prometheus-client). Every metric registered here is
 //! updated somewhere; `tests/integration` reads `/metrics` to check it.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub enum Listener {
-    Api,
-    Public,
-}
+/// `api` or `public`.
+pub type Listener = &'static str;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -19,14 +16,8 @@ pub struct RequestLabels {
     pub code: u16,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub enum ApplyOutcome {
-    Created,
-    Configured,
-    Unchanged,
-    Rejected,
-    Conflict,
-}
+/// `created`, `configured`, `unchanged`, `rejected` (invalid) or `conflict`.
+pub type ApplyOutcome = &'static str;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApplyLabels {

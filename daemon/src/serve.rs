@@ -123,17 +123,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(w) = watchdog {
         w.abort();
     }
+    // One deadline for the whole stop, inside systemd's TimeoutStopSec=20s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let _ = stop_tx.send(true);
     api_handle.graceful_shutdown(Some(Duration::from_secs(5)));
-    let _ = tokio::time::timeout(Duration::from_secs(10), http_task).await;
-    let _ = tokio::time::timeout(Duration::from_secs(10), api_task).await;
+    let _ = tokio::time::timeout_at(deadline, http_task).await;
+    let _ = tokio::time::timeout_at(deadline, api_task).await;
     // The last sender goes with the app: the writer then drains and exits.
     drop(app);
-    if tokio::time::timeout(Duration::from_secs(10), writer)
-        .await
-        .is_err()
-    {
-        tracing::warn!("event writer did not finish within 10s");
+    if tokio::time::timeout_at(deadline, writer).await.is_err() {
+        tracing::warn!("event writer did not finish in time; unwritten events are lost");
     }
     store.close().await;
     Ok(())

@@ -1,1 +1,6 @@
+//! Integration tests: the real `tinkerbox` binary, driven by its own CLI and
+//! by curl/openssl, on loopback ports. One test binary (one link) for all.
 
+mod common;
+mod daemon;
+mod hardware;

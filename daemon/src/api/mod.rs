@@ -13,7 +13,6 @@
 
 use crate::app::App;
 use crate::hardware::{self, DEFAULT_NAMESPACE, FieldError, Key};
-use crate::metrics::{ApplyOutcome, Listener};
 use crate::store::{EventQuery, Outcome, StoreError};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
@@ -99,7 +98,7 @@ pub fn router(app: Arc<App>, token: Arc<str>) -> Router {
             let metrics = metrics.clone();
             async move {
                 let resp = next.run(req).await;
-                crate::http::count(&metrics, Listener::Api, resp.status());
+                crate::http::count(&metrics, "api", resp.status());
                 resp
             }
         }))
@@ -215,7 +214,7 @@ async fn apply_hardware(
         ApiError::new(status, msg)
     })?;
     let reject = |e: FieldError| {
-        app.metrics.applied(ApplyOutcome::Rejected);
+        app.metrics.applied("rejected");
         ApiError::bad_request(e)
     };
     let text =

@@ -22,7 +22,7 @@ pub fn router(app: Arc<App>) -> Router {
             let metrics = metrics.clone();
             async move {
                 let resp = next.run(req).await;
-                count(&metrics, Listener::Public, resp.status());
+                count(&metrics, "public", resp.status());
                 resp
             }
         }))

@@ -117,10 +117,14 @@ impl Store {
         Ok(out)
     }
 
+    // Write transactions start with BEGIN IMMEDIATE: a deferred transaction
+    // that reads first cannot upgrade to a writer while another connection
+    // writes (SQLITE_BUSY without waiting for busy_timeout).
+
     /// Create or update every item in one transaction: all or nothing.
     /// A MAC or IP owned by another Hardware refuses the whole batch.
     pub async fn apply(&self, items: &[Hardware]) -> Result<Vec<Outcome>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let now = now_ms();
         let mut outcomes = Vec::with_capacity(items.len());
         for (i, hw) in items.iter().enumerate() {
@@ -253,7 +257,7 @@ impl Store {
     /// Append a batch of events in one transaction, then trim the machines it
     /// touched to `per_machine` newest rows.
     pub async fn insert_events(&self, batch: &[Event], per_machine: u32) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let mut touched: Vec<(Option<&str>, Option<&str>)> = Vec::new();
         for e in batch {
             let (ns, name) = match &e.machine {

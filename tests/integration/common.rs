@@ -1,0 +1,292 @@
+//! A real `tinkerbox serve` process on loopback ports, driven through the
+//! real CLI binary and `curl`. Every daemon is killed by PID on drop.
+
+use serde_json::Value;
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tinkerbox");
+
+pub fn compat_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/compat")
+}
+
+/// A free loopback port (bound then released; the window is tiny).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub http: SocketAddr,
+    pub api: SocketAddr,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Daemon {
+    pub fn start() -> Daemon {
+        Self::start_with("")
+    }
+
+    /// Start with extra TOML appended to the generated config; it follows
+    /// the `[api]` table, so bare keys land there and sections may follow.
+    pub fn start_with(extra: &str) -> Daemon {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut d = Self::prepare(tmp.path(), extra);
+        d._tmp = Some(tmp);
+        d.spawn();
+        d
+    }
+
+    fn prepare(dir: &Path, extra: &str) -> Daemon {
+        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let config = dir.join("tinkerbox.toml");
+        let mut f = std::fs::File::create(&config).unwrap();
+        write!(
+            f,
+            "state_dir = {:?}\n[http]\nlisten = \"{http}\"\n[api]\nlisten = \"{api}\"\n{extra}\n",
+            dir.join("state")
+        )
+        .unwrap();
+        Daemon {
+            child: None,
+            dir: dir.to_path_buf(),
+            config,
+            http,
+            api,
+            _tmp: None,
+        }
+    }
+
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("daemon.log"))
+            .unwrap();
+        let child = Command::new(BIN)
+            .args(["--config", self.config.to_str().unwrap(), "serve"])
+            .env_remove("TINKERBOX_SERVER")
+            .env_remove("TINKERBOX_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        self.wait_healthy();
+    }
+
+    fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("daemon exited early with {st}: {}", self.log());
+            }
+            if std::net::TcpStream::connect(self.api).is_ok()
+                && self.curl(&["-sf", &self.url("/healthz")]).status.success()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("daemon not healthy within 20s: {}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+
+    pub fn api_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.api)
+    }
+
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.dir.join("state/api-token"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        self.dir.join("state/tinkerbox.db")
+    }
+
+    /// Stop with SIGKILL: nothing gets to flush.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stop with SIGTERM and wait (bounded) for a clean exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                return st;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("daemon ignored SIGTERM for 15s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The CLI, pointed at this daemon through its config file.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        self.cli_stdin(args, None)
+    }
+
+    pub fn cli_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--config", self.config.to_str().unwrap()])
+            .args(args)
+            .env_remove("TINKERBOX_SERVER")
+            .env_remove("TINKERBOX_TOKEN")
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        if let Some(s) = stdin {
+            child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+        }
+        child.wait_with_output().unwrap()
+    }
+
+    /// `cli`, asserting success; returns stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let o = self.cli(args);
+        assert!(
+            o.status.success(),
+            "tinkerbox {args:?} failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    pub fn curl(&self, args: &[&str]) -> Output {
+        Command::new("curl")
+            .args(["--max-time", "20"])
+            .args(args)
+            .output()
+            .expect("curl")
+    }
+
+    /// An admin API call with the token: (status, JSON body).
+    pub fn api(&self, method: &str, path: &str, body: Option<(&str, &[u8])>) -> (u16, Value) {
+        self.api_with_token(method, path, body, Some(&self.token()))
+    }
+
+    pub fn api_with_token(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, &[u8])>,
+        token: Option<&str>,
+    ) -> (u16, Value) {
+        let mut cmd = Command::new("curl");
+        cmd.args([
+            "--max-time",
+            "20",
+            "-s",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            method,
+        ]);
+        if let Some(t) = token {
+            cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+        }
+        if let Some((ctype, _)) = body {
+            cmd.args([
+                "-H",
+                &format!("Content-Type: {ctype}"),
+                "--data-binary",
+                "@-",
+            ]);
+            cmd.stdin(Stdio::piped());
+        }
+        cmd.arg(self.api_url(path))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        if let Some((_, data)) = body {
+            let mut stdin = child.stdin.take().unwrap();
+            // curl may stop reading early when the server answers 413.
+            let _ = stdin.write_all(data);
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        let code: u16 = code.trim().parse().unwrap_or(0);
+        let v = serde_json::from_str(body).unwrap_or(Value::String(body.to_string()));
+        (code, v)
+    }
+
+    /// Every Hardware as stored, via the API.
+    pub fn all_hardware(&self) -> Vec<Value> {
+        let (code, v) = self.api("GET", "/api/v1/hardware", None);
+        assert_eq!(code, 200, "{v}");
+        v["items"].as_array().unwrap().clone()
+    }
+
+    pub fn metric(&self, line_prefix: &str) -> f64 {
+        let o = self.curl(&["-sf", &self.url("/metrics")]);
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        text.lines()
+            .find(|l| l.starts_with(line_prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn yaml_docs(text: &str) -> Vec<Value> {
+    tinkerbox::hardware::parse_documents(text).unwrap()
+}
+
+pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+pub fn hw_doc(name: &str, mac: &str, ip: &str) -> String {
+    format!(
+        "apiVersion: tinkerbell.org/v1alpha1\nkind: Hardware\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  interfaces:\n  - dhcp:\n      mac: \"{mac}\"\n      ip:\n        address: {ip}\n        netmask: 255.255.255.0\n    netboot:\n      allowPXE: true\n"
+    )
+}
