@@ -12,6 +12,10 @@ use tokio::sync::Mutex;
 
 pub struct App {
     pub config: Config,
+    /// Resolved `public_ip`: in DHCP replies, boot URLs, syslog_host=.
+    pub public_ip: std::net::Ipv4Addr,
+    /// The iPXE binaries, for TFTP and `/ipxe/binary/`.
+    pub files: crate::tftp::Files,
     pub store: Store,
     pub inventory: Arc<Inventory>,
     pub events: EventSink,
@@ -22,8 +26,11 @@ pub struct App {
 }
 
 impl App {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: Config,
+        public_ip: std::net::Ipv4Addr,
+        files: crate::tftp::Files,
         store: Store,
         inventory: Arc<Inventory>,
         events: EventSink,
@@ -32,6 +39,8 @@ impl App {
         metrics.hardware.set(inventory.snapshot().len() as i64);
         App {
             config,
+            public_ip,
+            files,
             store,
             inventory,
             events,
@@ -93,6 +102,39 @@ impl App {
             );
         }
         Ok(existed)
+    }
+
+    /// `http://<public_ip>:<port>`, the base of every boot URL.
+    pub fn http_base(&self) -> String {
+        format!(
+            "http://{}:{}",
+            self.public_ip,
+            self.config.http.listen.port()
+        )
+    }
+
+    pub fn dhcp_settings(&self) -> crate::dhcp::Settings {
+        crate::dhcp::Settings {
+            mode: self.config.dhcp.mode,
+            server_ip: self.public_ip,
+            http_base: self.http_base(),
+            efi_binary: self.config.dhcp.efi_binary.clone(),
+            arm64_binary: self.files.has("snp-arm64.efi"),
+        }
+    }
+
+    pub fn script_settings(&self) -> crate::ipxe::ScriptSettings {
+        let h = &self.config.http;
+        crate::ipxe::ScriptSettings {
+            http_base: self.http_base(),
+            syslog_host: self.public_ip.to_string(),
+            tink_server: h
+                .tink_server
+                .clone()
+                .unwrap_or_else(|| format!("{}:42113", self.public_ip)),
+            tink_tls: h.tink_server_tls,
+            extra_kernel_args: h.extra_kernel_args.clone(),
+        }
     }
 
     fn publish(&self, patch: Patch) {

@@ -5,14 +5,14 @@
 use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/tinkerbox/tinkerbox.toml";
 
 /// Config sections: `TINKERBOX_API_LISTEN` maps to `api.listen`.
-const SECTIONS: &[&str] = &["http", "api", "events", "log"];
+const SECTIONS: &[&str] = &["dhcp", "tftp", "http", "syslog", "api", "events", "log"];
 
 /// `TINKERBOX_*` variables that belong to the CLI, not to the config.
 const NOT_CONFIG: &[&str] = &["SERVER", "TOKEN", "CONFIG", "CACERT"];
@@ -20,9 +20,15 @@ const NOT_CONFIG: &[&str] = &["SERVER", "TOKEN", "CONFIG", "CACERT"];
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Database, API token and (later) artifacts live here.
+    /// Our address in DHCP replies and boot URLs; detected when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub public_ip: Option<Ipv4Addr>,
+    /// Database, API token and artifacts live here.
     pub state_dir: PathBuf,
+    pub dhcp: DhcpConfig,
+    pub tftp: TftpConfig,
     pub http: HttpConfig,
+    pub syslog: SyslogConfig,
     pub api: ApiConfig,
     pub events: EventsConfig,
     pub log: LogConfig,
@@ -30,8 +36,50 @@ pub struct Config {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
+pub struct DhcpConfig {
+    pub mode: crate::dhcp::Mode,
+    /// Port 67; the proxy modes also listen on 4011 at the same address.
+    pub listen: SocketAddr,
+    /// Serve only this interface (SO_BINDTODEVICE); replies leave through it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    /// iPXE for x86-64 UEFI: "ipxe.efi" (own drivers) or "snponly.efi"
+    /// (the firmware's network driver).
+    pub efi_binary: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TftpConfig {
+    pub enabled: bool,
+    pub listen: SocketAddr,
+    /// iPXE binaries (Debian's `ipxe` package), loaded into memory at start.
+    pub ipxe_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
-    /// Public, unauthenticated listener: health, metrics (and boot files later).
+    /// Public, unauthenticated listener: iPXE scripts and binaries,
+    /// artifacts, health, metrics.
+    pub listen: SocketAddr,
+    /// Served under /artifacts/ (kernels, initrds); default state_dir/artifacts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub artifacts_dir: Option<PathBuf>,
+    /// Kernel parameters for the OSIE, after Smee's own (facility=, ...).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub extra_kernel_args: Vec<String>,
+    /// gRPC authority of the Tink server for the OSIE (`grpc_authority=`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tink_server: Option<String>,
+    /// `tinkerbell_tls=` for the OSIE.
+    pub tink_server_tls: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SyslogConfig {
+    pub enabled: bool,
     pub listen: SocketAddr,
 }
 
@@ -78,11 +126,36 @@ pub enum LogFormat {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            public_ip: None,
             state_dir: PathBuf::from("/var/lib/tinkerbox"),
+            dhcp: DhcpConfig::default(),
+            tftp: TftpConfig::default(),
             http: HttpConfig::default(),
+            syslog: SyslogConfig::default(),
             api: ApiConfig::default(),
             events: EventsConfig::default(),
             log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for DhcpConfig {
+    fn default() -> Self {
+        DhcpConfig {
+            mode: crate::dhcp::Mode::Reservation,
+            listen: SocketAddr::from(([0, 0, 0, 0], 67)),
+            interface: None,
+            efi_binary: "ipxe.efi".into(),
+        }
+    }
+}
+
+impl Default for TftpConfig {
+    fn default() -> Self {
+        TftpConfig {
+            enabled: true,
+            listen: SocketAddr::from(([0, 0, 0, 0], 69)),
+            ipxe_dir: PathBuf::from("/usr/lib/ipxe"),
         }
     }
 }
@@ -91,6 +164,19 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 7080)),
+            artifacts_dir: None,
+            extra_kernel_args: vec![],
+            tink_server: None,
+            tink_server_tls: false,
+        }
+    }
+}
+
+impl Default for SyslogConfig {
+    fn default() -> Self {
+        SyslogConfig {
+            enabled: true,
+            listen: SocketAddr::from(([0, 0, 0, 0], 514)),
         }
     }
 }
@@ -215,6 +301,17 @@ impl Config {
         if self.events.queue == 0 {
             return bad("events.queue", "must be at least 1");
         }
+        if !matches!(self.dhcp.efi_binary.as_str(), "ipxe.efi" | "snponly.efi") {
+            return bad("dhcp.efi_binary", "must be \"ipxe.efi\" or \"snponly.efi\"");
+        }
+        if let Some(ip) = self.public_ip
+            && (ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast())
+        {
+            return bad(
+                "public_ip",
+                "must be a unicast address the machines can reach",
+            );
+        }
         if self.state_dir.as_os_str().is_empty() {
             return bad("state_dir", "must not be empty");
         }
@@ -235,6 +332,43 @@ impl Config {
 
     pub fn token_path(&self) -> PathBuf {
         self.state_dir.join("api-token")
+    }
+
+    pub fn artifacts_dir(&self) -> PathBuf {
+        self.http
+            .artifacts_dir
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("artifacts"))
+    }
+
+    /// `public_ip`, else the first IPv4 address of `dhcp.interface`, else
+    /// the first non-loopback IPv4 address of the host.
+    pub fn resolve_public_ip(&self) -> Result<Ipv4Addr, ConfigError> {
+        if let Some(ip) = self.public_ip {
+            return Ok(ip);
+        }
+        let addrs = if_addrs::get_if_addrs().map_err(|e| {
+            ConfigError::Invalid(format!(
+                "config key public_ip: unset, and listing interfaces failed: {e}"
+            ))
+        })?;
+        let pick = addrs
+            .iter()
+            .find_map(|a| match (a.ip(), &self.dhcp.interface) {
+                (std::net::IpAddr::V4(ip), Some(ifname)) if &a.name == ifname => Some(ip),
+                (std::net::IpAddr::V4(ip), None) if !ip.is_loopback() => Some(ip),
+                _ => None,
+            });
+        pick.ok_or_else(|| {
+            ConfigError::Invalid(match &self.dhcp.interface {
+                Some(i) => {
+                    format!("config key public_ip: unset, and interface {i} has no IPv4 address")
+                }
+                None => {
+                    "config key public_ip: unset, and no non-loopback IPv4 address found".into()
+                }
+            })
+        })
     }
 }
 

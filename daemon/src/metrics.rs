@@ -5,6 +5,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// `api` or `public`.
@@ -24,6 +25,18 @@ pub struct ApplyLabels {
     pub outcome: ApplyOutcome,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DhcpLabels {
+    /// Request: discover/request/...; reply: dhcp.offer/dhcp.ack/...
+    pub kind: &'static str,
+    pub mode: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub http_requests: Family<RequestLabels, Counter>,
@@ -33,6 +46,26 @@ pub struct Metrics {
     pub inventory_swaps: Counter,
     pub events_written: Counter,
     pub events_dropped: Counter,
+    pub dhcp_requests: Family<DhcpLabels, Counter>,
+    pub dhcp_replies: Family<DhcpLabels, Counter>,
+    pub dhcp_ignored: Family<ReasonLabels, Counter>,
+    pub dhcp_seconds: Histogram,
+    pub tftp_transfers: Family<ResultLabels, Counter>,
+    pub tftp_bytes: Counter,
+    pub boot_requests: Family<BootLabels, Counter>,
+    pub syslog_lines: Family<ResultLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BootLabels {
+    /// script, binary, artifact
+    pub what: &'static str,
+    pub code: u16,
 }
 
 impl Default for Metrics {
@@ -52,6 +85,15 @@ impl Metrics {
             inventory_swaps: Counter::default(),
             events_written: Counter::default(),
             events_dropped: Counter::default(),
+            dhcp_requests: Family::default(),
+            dhcp_replies: Family::default(),
+            dhcp_ignored: Family::default(),
+            // 10 us .. ~80 ms: a reply is computed in microseconds.
+            dhcp_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 14)),
+            tftp_transfers: Family::default(),
+            tftp_bytes: Counter::default(),
+            boot_requests: Family::default(),
+            syslog_lines: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -89,6 +131,46 @@ impl Metrics {
             "Events lost because the queue was full or the write failed",
             m.events_dropped.clone(),
         );
+        registry.register(
+            "dhcp_requests",
+            "DHCP requests received, by message type and mode",
+            m.dhcp_requests.clone(),
+        );
+        registry.register(
+            "dhcp_replies",
+            "DHCP replies sent, by kind and mode",
+            m.dhcp_replies.clone(),
+        );
+        registry.register(
+            "dhcp_ignored",
+            "DHCP packets not answered, by reason",
+            m.dhcp_ignored.clone(),
+        );
+        registry.register(
+            "dhcp_reply_seconds",
+            "Time from receiving a DHCP packet to sending the reply",
+            m.dhcp_seconds.clone(),
+        );
+        registry.register(
+            "tftp_transfers",
+            "TFTP requests by result: started, sent, aborted, not_found, forbidden, write_refused",
+            m.tftp_transfers.clone(),
+        );
+        registry.register(
+            "tftp_sent_bytes",
+            "Bytes of files TFTP finished sending",
+            m.tftp_bytes.clone(),
+        );
+        registry.register(
+            "boot_http_requests",
+            "Boot requests on the public listener (iPXE scripts, binaries, artifacts) by status code",
+            m.boot_requests.clone(),
+        );
+        registry.register(
+            "syslog_lines",
+            "Syslog datagrams by result: stored, unknown_source, malformed",
+            m.syslog_lines.clone(),
+        );
         let info = Family::<Vec<(String, String)>, Gauge>::default();
         info.get_or_create(&vec![("version".into(), env!("CARGO_PKG_VERSION").into())])
             .set(1);
@@ -103,6 +185,42 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+
+    pub fn dhcp_request(&self, kind: &'static str, mode: &'static str) {
+        self.dhcp_requests
+            .get_or_create(&DhcpLabels { kind, mode })
+            .inc();
+    }
+
+    pub fn dhcp_reply(&self, kind: &'static str, mode: &'static str) {
+        self.dhcp_replies
+            .get_or_create(&DhcpLabels { kind, mode })
+            .inc();
+    }
+
+    pub fn dhcp_ignored(&self, reason: &'static str) {
+        self.dhcp_ignored
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn tftp(&self, result: &'static str) {
+        self.tftp_transfers
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    pub fn syslog(&self, result: &'static str) {
+        self.syslog_lines
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    pub fn boot(&self, what: &'static str, code: u16) {
+        self.boot_requests
+            .get_or_create(&BootLabels { what, code })
+            .inc();
     }
 
     pub fn applied(&self, outcome: ApplyOutcome) {

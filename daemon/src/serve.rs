@@ -7,7 +7,7 @@ use crate::events;
 use crate::inventory::{Inventory, Snapshot};
 use crate::metrics::Metrics;
 use crate::store::Store;
-use crate::{api, http, token};
+use crate::{api, dhcp, http, syslog, tftp, token};
 use anyhow::Context;
 use sd_notify::NotifyState;
 use std::os::unix::fs::DirBuilderExt;
@@ -49,8 +49,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.events.per_machine,
         config.events.max_age,
     ));
+    let public_ip = config.resolve_public_ip()?;
+    let files = tftp::Files::load(&config.tftp.ipxe_dir)
+        .with_context(|| format!("tftp.ipxe_dir {}", config.tftp.ipxe_dir.display()))?;
+    if files.is_empty() {
+        tracing::warn!(dir = %config.tftp.ipxe_dir.display(), "no iPXE binaries found (Debian: apt-get install ipxe); PXE clients cannot boot");
+    }
     let app = Arc::new(App::new(
         config.clone(),
+        public_ip,
+        files,
         store.clone(),
         inventory,
         sink,
@@ -61,6 +69,47 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let http_sock = tokio::net::TcpListener::bind(config.http.listen)
         .await
         .with_context(|| format!("http.listen {}: cannot bind", config.http.listen))?;
+    let mut udp_tasks = Vec::new();
+    if config.dhcp.mode != dhcp::Mode::Off {
+        let shell = Arc::new(dhcp::server::Shell {
+            inventory: app.inventory.clone(),
+            settings: app.dhcp_settings(),
+            events: app.events.clone(),
+            metrics: app.metrics.clone(),
+        });
+        let iface = config.dhcp.interface.as_deref();
+        let sock = dhcp::server::bind(config.dhcp.listen, iface)
+            .with_context(|| format!("dhcp.listen {}: cannot bind", config.dhcp.listen))?;
+        udp_tasks.push(tokio::spawn(shell.clone().run(sock, dhcp::Port::Dhcp)));
+        if config.dhcp.mode.is_proxy() {
+            let addr = std::net::SocketAddr::new(config.dhcp.listen.ip(), dhcp::PROXY_PORT);
+            let sock = dhcp::server::bind(addr, iface)
+                .with_context(|| format!("dhcp proxy port {addr}: cannot bind"))?;
+            udp_tasks.push(tokio::spawn(shell.run(sock, dhcp::Port::Proxy)));
+        }
+    }
+    if config.tftp.enabled {
+        let sock = std::net::UdpSocket::bind(config.tftp.listen)
+            .with_context(|| format!("tftp.listen {}: cannot bind", config.tftp.listen))?;
+        let handler = tftp::MemHandler {
+            files: app.files.clone(),
+            inventory: app.inventory.clone(),
+            events: app.events.clone(),
+            metrics: app.metrics.clone(),
+        };
+        udp_tasks.push(tokio::spawn(tftp::serve(sock, config.tftp.listen, handler)));
+    }
+    if config.syslog.enabled {
+        let sock = tokio::net::UdpSocket::bind(config.syslog.listen)
+            .await
+            .with_context(|| format!("syslog.listen {}: cannot bind", config.syslog.listen))?;
+        udp_tasks.push(tokio::spawn(syslog::serve(
+            sock,
+            app.inventory.clone(),
+            app.events.clone(),
+            app.metrics.clone(),
+        )));
+    }
     let api_sock = std::net::TcpListener::bind(config.api.listen)
         .with_context(|| format!("api.listen {}: cannot bind", config.api.listen))?;
     api_sock.set_nonblocking(true)?;
@@ -69,11 +118,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let http_app = http::router(app.clone());
     let mut http_stop = stop_rx.clone();
     let http_task = tokio::spawn(async move {
-        axum::serve(http_sock, http_app)
-            .with_graceful_shutdown(async move {
-                let _ = http_stop.wait_for(|s| *s).await;
-            })
-            .await
+        axum::serve(
+            http_sock,
+            http_app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = http_stop.wait_for(|s| *s).await;
+        })
+        .await
     });
 
     let api_app = api::router(app.clone(), token);
@@ -104,6 +156,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "http"
     };
     tracing::info!(
+        public_ip = %public_ip,
+        dhcp = config.dhcp.mode.as_str(),
+        tftp = config.tftp.enabled,
+        syslog = config.syslog.enabled,
         http = %config.http.listen,
         api = %format!("{scheme}://{}", config.api.listen),
         hardware = n,
@@ -125,6 +181,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     // One deadline for the whole stop, inside systemd's TimeoutStopSec=20s.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    for t in &udp_tasks {
+        t.abort();
+    }
     let _ = stop_tx.send(true);
     api_handle.graceful_shutdown(Some(Duration::from_secs(5)));
     let _ = tokio::time::timeout_at(deadline, http_task).await;

@@ -29,33 +29,76 @@ pub struct Daemon {
     pub config: PathBuf,
     pub http: SocketAddr,
     pub api: SocketAddr,
+    /// Run the daemon, the CLI and curl inside this network namespace.
+    pub netns: Option<String>,
     _tmp: Option<tempfile::TempDir>,
+}
+
+/// Boot services off: most tests need only the API and HTTP listeners.
+pub const NO_BOOT: &str =
+    "[dhcp]\nmode = \"off\"\n[tftp]\nenabled = false\n[syslog]\nenabled = false\n";
+
+/// How to configure a daemon under test.
+#[derive(Default)]
+pub struct Setup<'a> {
+    /// Root keys (before any table).
+    pub top: &'a str,
+    /// Lines inside `[api]`.
+    pub api: &'a str,
+    /// Lines inside `[http]`.
+    pub http: &'a str,
+    /// `[dhcp]`, `[tftp]`, `[syslog]` tables; `NO_BOOT` when empty.
+    pub boot: &'a str,
+    pub netns: Option<&'a str>,
+    /// Fixed listen addresses (inside a namespace, ports need not be probed).
+    pub http_listen: Option<&'a str>,
+    pub api_listen: Option<&'a str>,
 }
 
 impl Daemon {
     pub fn start() -> Daemon {
-        Self::start_with("")
+        Self::start_setup(Setup::default())
     }
 
-    /// Start with extra TOML appended to the generated config; it follows
-    /// the `[api]` table, so bare keys land there and sections may follow.
-    pub fn start_with(extra: &str) -> Daemon {
+    /// Start with extra lines inside the `[api]` table.
+    pub fn start_with(api: &str) -> Daemon {
+        Self::start_setup(Setup {
+            api,
+            ..Setup::default()
+        })
+    }
+
+    pub fn start_setup(s: Setup) -> Daemon {
         let tmp = tempfile::tempdir().unwrap();
-        let mut d = Self::prepare(tmp.path(), extra);
+        let mut d = Self::prepare(tmp.path(), &s);
         d._tmp = Some(tmp);
         d.spawn();
         d
     }
 
-    fn prepare(dir: &Path, extra: &str) -> Daemon {
-        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    fn prepare(dir: &Path, s: &Setup) -> Daemon {
+        let http: SocketAddr = s
+            .http_listen
+            .map(|a| a.parse().unwrap())
+            .unwrap_or_else(|| format!("127.0.0.1:{}", free_port()).parse().unwrap());
+        let api: SocketAddr = s
+            .api_listen
+            .map(|a| a.parse().unwrap())
+            .unwrap_or_else(|| format!("127.0.0.1:{}", free_port()).parse().unwrap());
         let config = dir.join("tinkerbox.toml");
+        let top = if s.top.contains("public_ip") {
+            s.top.to_string()
+        } else {
+            format!("public_ip = \"127.0.0.1\"\n{}", s.top)
+        };
+        let boot = if s.boot.is_empty() { NO_BOOT } else { s.boot };
         let mut f = std::fs::File::create(&config).unwrap();
         write!(
             f,
-            "state_dir = {:?}\n[http]\nlisten = \"{http}\"\n[api]\nlisten = \"{api}\"\n{extra}\n",
-            dir.join("state")
+            "state_dir = {:?}\n{top}\n[http]\nlisten = \"{http}\"\n{}\n[api]\nlisten = \"{api}\"\n{}\n{boot}\n",
+            dir.join("state"),
+            s.http,
+            s.api,
         )
         .unwrap();
         Daemon {
@@ -64,7 +107,20 @@ impl Daemon {
             config,
             http,
             api,
+            netns: s.netns.map(str::to_string),
             _tmp: None,
+        }
+    }
+
+    /// A command, inside the daemon's namespace when it has one.
+    pub fn command(&self, program: &str) -> Command {
+        match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, program]);
+                c
+            }
+            None => Command::new(program),
         }
     }
 
@@ -75,7 +131,8 @@ impl Daemon {
             .append(true)
             .open(self.dir.join("daemon.log"))
             .unwrap();
-        let child = Command::new(BIN)
+        let child = self
+            .command(BIN)
             .args(["--config", self.config.to_str().unwrap(), "serve"])
             .env_remove("TINKERBOX_SERVER")
             .env_remove("TINKERBOX_TOKEN")
@@ -160,7 +217,7 @@ impl Daemon {
     }
 
     pub fn cli_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = self.command(BIN);
         cmd.args(["--config", self.config.to_str().unwrap()])
             .args(args)
             .env_remove("TINKERBOX_SERVER")
@@ -191,7 +248,7 @@ impl Daemon {
     }
 
     pub fn curl(&self, args: &[&str]) -> Output {
-        Command::new("curl")
+        self.command("curl")
             .args(["--max-time", "20"])
             .args(args)
             .output()

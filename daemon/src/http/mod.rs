@@ -1,22 +1,41 @@
-//! The public, unauthenticated HTTP listener: `/healthz` and `/metrics` now;
-//! iPXE scripts, artifacts and metadata join it later.
+//! The public, unauthenticated HTTP listener: iPXE scripts, iPXE binaries
+//! for UEFI HTTP boot, artifacts (kernels, initrds), health and metrics.
+//! A machine is identified by the MAC in the URL or by its source IP.
 
 use crate::app::App;
+use crate::events::Event;
+use crate::hardware::Mac;
+use crate::ipxe::{self, NoScript};
 use crate::metrics::{Listener, Metrics, RequestLabels};
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use serde_json::json;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tower_http::services::ServeDir;
 
 pub fn router(app: Arc<App>) -> Router {
     let metrics = app.metrics.clone();
+    let artifacts = ServeDir::new(app.config.artifacts_dir())
+        .append_index_html_on_directories(false)
+        .precompressed_gzip();
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
+        .route("/auto.ipxe", get(script_by_ip))
+        .route("/ipxe/script/{mac}/auto.ipxe", get(script_by_mac))
+        .route("/ipxe/binary/{file}", get(binary))
+        .nest_service("/artifacts", artifacts)
+        .layer(middleware::from_fn_with_state(
+            app.clone(),
+            record_artifacts,
+        ))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             let metrics = metrics.clone();
@@ -59,4 +78,145 @@ async fn metrics_text(State(app): State<Arc<App>>) -> impl IntoResponse {
         )],
         app.metrics.render(),
     )
+}
+
+fn not_found(app: &App, what: &'static str, why: String) -> Response {
+    tracing::info!(what, reason = %why, "http: not served");
+    app.metrics.boot(what, 404);
+    (StatusCode::NOT_FOUND, format!("{why}\n")).into_response()
+}
+
+async fn script_by_mac(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(mac): Path<String>,
+) -> Response {
+    let Ok(mac) = mac.parse::<Mac>() else {
+        return not_found(&app, "script", format!("{mac:?} is not a MAC address"));
+    };
+    serve_script(&app, peer, mac, None)
+}
+
+/// `/auto.ipxe`: the machine whose Hardware has the caller's IP.
+async fn script_by_ip(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+) -> Response {
+    let snap = app.inventory.snapshot();
+    let Some(m) = snap.by_ip(&peer.ip()) else {
+        return not_found(&app, "script", format!("no Hardware has IP {}", peer.ip()));
+    };
+    // The interface holding that IP.
+    let mac = m.spec.interfaces.iter().find_map(|i| {
+        let d = i.dhcp.as_ref()?;
+        let ip =
+            d.ip.as_ref()?
+                .address
+                .as_deref()?
+                .trim()
+                .parse::<std::net::IpAddr>()
+                .ok()?;
+        (ip == peer.ip())
+            .then(|| d.mac.as_deref()?.parse::<Mac>().ok())
+            .flatten()
+    });
+    match mac {
+        Some(mac) => serve_script(&app, peer, mac, Some(m.key.clone())),
+        None => not_found(
+            &app,
+            "script",
+            format!("Hardware {} has no MAC for IP {}", m.key, peer.ip()),
+        ),
+    }
+}
+
+fn serve_script(
+    app: &App,
+    peer: SocketAddr,
+    mac: Mac,
+    key: Option<crate::hardware::Key>,
+) -> Response {
+    let snap = app.inventory.snapshot();
+    let Some(m) = snap.by_mac(&mac) else {
+        return not_found(app, "script", format!("no Hardware has MAC {mac}"));
+    };
+    let key = key.unwrap_or_else(|| m.key.clone());
+    match ipxe::script(m, mac, &app.script_settings()) {
+        Ok(text) => {
+            app.metrics.boot("script", 200);
+            app.events.record(
+                Event::new("ipxe.script", format!("iPXE script sent to {}", peer.ip()))
+                    .machine(key)
+                    .mac(mac)
+                    .ip(peer.ip()),
+            );
+            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
+        }
+        Err(NoScript::NotAllowed) => {
+            app.events.record(
+                Event::new(
+                    "ipxe.refused",
+                    "iPXE script refused: netboot.allowPXE is not true",
+                )
+                .machine(key)
+                .mac(mac)
+                .ip(peer.ip()),
+            );
+            not_found(
+                app,
+                "script",
+                format!("Hardware {} does not allow PXE for {mac}", m.key),
+            )
+        }
+        Err(NoScript::UnknownMac) => {
+            not_found(app, "script", format!("no interface with MAC {mac}"))
+        }
+    }
+}
+
+/// iPXE binaries over HTTP, for UEFI HTTP-boot clients.
+async fn binary(State(app): State<Arc<App>>, Path(file): Path<String>) -> Response {
+    match app.files.get(&file) {
+        Some(bytes) => {
+            app.metrics.boot("binary", 200);
+            (
+                [(header::CONTENT_TYPE, "application/efi")],
+                Body::from(bytes.clone()),
+            )
+                .into_response()
+        }
+        None => not_found(&app, "binary", format!("no iPXE binary {file:?}")),
+    }
+}
+
+/// Artifact downloads of known machines go to their event log.
+async fn record_artifacts(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    if !path.starts_with("/artifacts/") {
+        return next.run(req).await;
+    }
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    let range = req.headers().contains_key(header::RANGE);
+    let resp = next.run(req).await;
+    let code = resp.status().as_u16();
+    app.metrics.boot("artifact", code);
+    if let Some(peer) = peer
+        && let Some(m) = app.inventory.snapshot().by_ip(&peer.ip())
+    {
+        let what = if resp.status().is_success() {
+            "sent"
+        } else {
+            "not sent"
+        };
+        app.events.record(
+            Event::new("http.artifact", format!("{path} {what} ({code})"))
+                .machine(m.key.clone())
+                .ip(peer.ip())
+                .fields(json!({"path": path, "status": code, "range": range})),
+        );
+    }
+    resp
 }

@@ -1,0 +1,736 @@
+//! DHCPv4 for network boot, sans-IO: [`respond`] is a pure function of the
+//! request, the inventory snapshot and the settings. The socket loop in
+//! [`server`] only decodes, calls it, encodes and sends.
+//!
+//! Modes: `reservation` (a DHCP server for known MACs only), `proxy` (PXE
+//! boot information beside another DHCP server, RFC 4578 / PXE 2.1, known
+//! MACs), `auto-proxy` (proxy for every netboot client), `off`.
+
+pub mod server;
+
+use crate::hardware::spec::{Dhcp as HwDhcp, Interface};
+use crate::hardware::{Key, Mac, Machine};
+use crate::inventory::Snapshot;
+use dhcproto::v4::relay::{RelayCode, RelayInfo};
+use dhcproto::v4::{
+    DhcpOption, DhcpOptions, Flags, HType, Message, MessageType, Opcode, OptionCode, UnknownOption,
+};
+use dhcproto::{Encodable, Encoder};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+
+pub const SERVER_PORT: u16 = 67;
+pub const CLIENT_PORT: u16 = 68;
+pub const PROXY_PORT: u16 = 4011;
+/// RFC 2131: every client accepts 576-byte messages.
+const MIN_MESSAGE: usize = 576;
+/// RFC 1542: BOOTP relays and old clients expect at least 300 bytes.
+const MIN_BOOTP: usize = 300;
+/// Lease when the Hardware gives none (Smee's default too).
+const DEFAULT_LEASE: u32 = 86400;
+/// iPXE's encapsulated options (option 175) and its "no-pxedhcp" setting.
+const OPT_IPXE: u8 = 175;
+const IPXE_NO_PXEDHCP: u8 = 176;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    Reservation,
+    Proxy,
+    AutoProxy,
+    Off,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Reservation => "reservation",
+            Mode::Proxy => "proxy",
+            Mode::AutoProxy => "auto-proxy",
+            Mode::Off => "off",
+        }
+    }
+
+    pub fn is_proxy(self) -> bool {
+        matches!(self, Mode::Proxy | Mode::AutoProxy)
+    }
+}
+
+/// Where the request arrived: the DHCP port, or the PXE proxy port 4011.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Port {
+    Dhcp,
+    Proxy,
+}
+
+/// What the reply function needs besides the request and the inventory.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub mode: Mode,
+    /// Our address: server identifier, next server, boot URLs.
+    pub server_ip: Ipv4Addr,
+    /// `http://<public_ip>:<port>` for scripts and HTTP-boot binaries.
+    pub http_base: String,
+    /// x86-64 UEFI binary: `ipxe.efi` or `snponly.efi`.
+    pub efi_binary: String,
+    /// Whether `snp-arm64.efi` can be served (ARM64 clients get nothing otherwise).
+    pub arm64_binary: bool,
+}
+
+/// Where a reply goes (RFC 2131 4.1, PXE 2.1 for port 4011).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dest {
+    /// 255.255.255.255:68.
+    Broadcast,
+    /// A relay agent: giaddr, port 67.
+    Relay(Ipv4Addr),
+    /// A client that has an address: ciaddr, port 68.
+    Client(Ipv4Addr),
+    /// Back to where the request came from (port 4011 requests).
+    Source,
+}
+
+#[derive(Debug)]
+pub struct Reply {
+    pub msg: Message,
+    pub dest: Dest,
+    pub kind: &'static str,
+    pub machine: Option<Key>,
+    pub mac: Mac,
+    pub fields: serde_json::Value,
+}
+
+#[derive(Debug)]
+pub enum Outcome {
+    Reply(Box<Reply>),
+    /// Not answered; the reason is a metric label.
+    Ignore(&'static str),
+    /// RELEASE/DECLINE: nothing to send, but the machine's log hears of it.
+    Note {
+        kind: &'static str,
+        machine: Key,
+        mac: Mac,
+        message: String,
+    },
+}
+
+/// What kind of boot client is asking (from options 60, 77, 93, 175).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Client {
+    pub mac: Mac,
+    pub msg_type: MessageType,
+    /// Option 60 starts with `PXEClient`.
+    pub pxe: bool,
+    /// Option 60 starts with `HTTPClient` (UEFI HTTP boot).
+    pub http: bool,
+    /// Already running iPXE (user class `iPXE` or option 175).
+    pub ipxe: bool,
+    /// Option 93, first entry.
+    pub arch: Option<u16>,
+}
+
+impl Client {
+    pub fn netboot(&self) -> bool {
+        self.pxe || self.http || self.ipxe
+    }
+}
+
+fn client_of(req: &Message) -> Result<Client, &'static str> {
+    if req.opcode() != Opcode::BootRequest {
+        return Err("not_request");
+    }
+    if req.htype() != HType::Eth || req.hlen() != 6 {
+        return Err("not_ethernet");
+    }
+    let mac = Mac(req
+        .chaddr()
+        .get(..6)
+        .and_then(|c| c.try_into().ok())
+        .ok_or("not_ethernet")?);
+    let msg_type = match req.opts().get(OptionCode::MessageType) {
+        Some(DhcpOption::MessageType(t)) => *t,
+        _ => return Err("no_message_type"),
+    };
+    let class = match req.opts().get(OptionCode::ClassIdentifier) {
+        Some(DhcpOption::ClassIdentifier(c)) => c.as_slice(),
+        _ => &[],
+    };
+    let user_class_ipxe = match req.opts().get(OptionCode::UserClass) {
+        // RFC 3004 says length-prefixed; iPXE sends the bare string "iPXE".
+        Some(DhcpOption::UserClass(u)) => u == b"iPXE" || u.get(1..) == Some(b"iPXE".as_slice()),
+        _ => false,
+    };
+    let arch = match req.opts().get(OptionCode::ClientSystemArchitecture) {
+        Some(DhcpOption::ClientSystemArchitecture(a)) => Some(a.0),
+        _ => None,
+    };
+    Ok(Client {
+        mac,
+        msg_type,
+        pxe: class.starts_with(b"PXEClient"),
+        http: class.starts_with(b"HTTPClient"),
+        ipxe: user_class_ipxe || req.opts().get(OptionCode::Unknown(OPT_IPXE)).is_some(),
+        arch,
+    })
+}
+
+/// The boot file for a client, and whether it is an HTTP-boot answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Boot {
+    pub file: String,
+    pub http_client: bool,
+}
+
+/// The iPXE binary for an architecture (RFC 4578 option 93 values).
+pub fn binary_for(arch: u16, s: &Settings) -> Option<&str> {
+    match arch {
+        0 => Some("undionly.kpxe"),
+        6 | 7 | 9 | 15 | 16 => Some(&s.efi_binary),
+        11 | 19 if s.arm64_binary => Some("snp-arm64.efi"),
+        _ => None,
+    }
+}
+
+pub fn script_url(s: &Settings, mac: Mac) -> String {
+    format!("{}/ipxe/script/{mac}/auto.ipxe", s.http_base)
+}
+
+/// Smee's decision table: iPXE gets its script URL, HTTP-boot firmware an
+/// http:// binary, PXE firmware a TFTP file name.
+pub fn boot_for(c: &Client, iface: Option<&Interface>, s: &Settings) -> Result<Boot, &'static str> {
+    let netboot = iface.and_then(|i| i.netboot.as_ref());
+    if iface.is_some() && netboot.and_then(|n| n.allow_pxe) != Some(true) {
+        return Err("pxe_not_allowed");
+    }
+    let ipxe = netboot.and_then(|n| n.ipxe.as_ref());
+    if c.ipxe {
+        let url = ipxe
+            .and_then(|i| i.url.clone())
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| script_url(s, c.mac));
+        return Ok(Boot {
+            file: url,
+            http_client: false,
+        });
+    }
+    let arch = c.arch.unwrap_or(0);
+    let chosen = ipxe
+        .and_then(|i| i.binary.as_deref())
+        .filter(|b| !b.is_empty());
+    let binary = match chosen {
+        Some(b) => b,
+        None => binary_for(arch, s).ok_or("unsupported_arch")?,
+    };
+    if c.http {
+        Ok(Boot {
+            file: format!("{}/ipxe/binary/{binary}", s.http_base),
+            http_client: true,
+        })
+    } else {
+        Ok(Boot {
+            file: binary.to_string(),
+            http_client: false,
+        })
+    }
+}
+
+/// The interface of `m` that has this MAC.
+fn iface_of(m: &Machine, mac: Mac) -> Option<&Interface> {
+    m.spec.interfaces.iter().find(|i| {
+        i.dhcp
+            .as_ref()
+            .and_then(|d| d.mac.as_deref())
+            .and_then(|x| x.parse::<Mac>().ok())
+            == Some(mac)
+    })
+}
+
+/// Answer one request. Pure: no I/O, no clock.
+pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outcome {
+    if s.mode == Mode::Off {
+        return Outcome::Ignore("off");
+    }
+    let c = match client_of(req) {
+        Ok(c) => c,
+        Err(why) => return Outcome::Ignore(why),
+    };
+    let machine = snap.by_mac(&c.mac);
+    if s.mode.is_proxy() {
+        return proxy(req, port, &c, machine.map(|m| m.as_ref()), s);
+    }
+    if port == Port::Proxy {
+        return Outcome::Ignore("proxy_port_in_reservation_mode");
+    }
+    let Some(m) = machine else {
+        return Outcome::Ignore("unknown_mac");
+    };
+    let Some(iface) = iface_of(m, c.mac) else {
+        return Outcome::Ignore("unknown_mac");
+    };
+    if iface.disable_dhcp {
+        return Outcome::Ignore("dhcp_disabled");
+    }
+    let Some(dhcp) = iface.dhcp.as_ref() else {
+        return Outcome::Ignore("unknown_mac");
+    };
+    let reserved: Option<Ipv4Addr> = dhcp
+        .ip
+        .as_ref()
+        .and_then(|ip| ip.address.as_deref())
+        .and_then(|a| a.trim().parse().ok());
+    let Some(ip) = reserved else {
+        return Outcome::Ignore("no_ipv4_reservation");
+    };
+    let key = m.key.clone();
+    let server_id = match req.opts().get(OptionCode::ServerIdentifier) {
+        Some(DhcpOption::ServerIdentifier(a)) => Some(*a),
+        _ => None,
+    };
+    let requested = match req.opts().get(OptionCode::RequestedIpAddress) {
+        Some(DhcpOption::RequestedIpAddress(a)) => Some(*a),
+        _ => None,
+    };
+    let (reply_type, kind) = match c.msg_type {
+        MessageType::Discover => (MessageType::Offer, "dhcp.offer"),
+        MessageType::Request => {
+            if server_id.is_some_and(|id| id != s.server_ip) {
+                // RFC 2131 4.3.2: the client chose another server's offer.
+                return Outcome::Ignore("other_server");
+            }
+            let asked = requested.or_else(|| Some(req.ciaddr()).filter(|a| !a.is_unspecified()));
+            match asked {
+                Some(a) if a == ip => (MessageType::Ack, "dhcp.ack"),
+                Some(a) => return nak(req, &c, key, format!("requested {a}, reserved {ip}"), s),
+                None => return nak(req, &c, key, "request names no address".into(), s),
+            }
+        }
+        MessageType::Inform => (MessageType::Ack, "dhcp.inform"),
+        MessageType::Release => {
+            return Outcome::Note {
+                kind: "dhcp.release",
+                machine: key,
+                mac: c.mac,
+                message: format!("DHCPRELEASE of {}", req.ciaddr()),
+            };
+        }
+        MessageType::Decline => {
+            return Outcome::Note {
+                kind: "dhcp.decline",
+                machine: key,
+                mac: c.mac,
+                message: format!(
+                    "DHCPDECLINE of {}: the address is in use on the network",
+                    requested.unwrap_or(ip)
+                ),
+            };
+        }
+        _ => return Outcome::Ignore("unexpected_message_type"),
+    };
+
+    let mut msg = reply_base(req, reply_type, s);
+    let inform = c.msg_type == MessageType::Inform;
+    if !inform {
+        msg.set_yiaddr(ip);
+    }
+    let mut opts = Opts::new(req);
+    if !inform {
+        let lease = dhcp
+            .lease_time
+            .map(|l| l.clamp(60, u32::MAX as i64) as u32)
+            .unwrap_or(DEFAULT_LEASE);
+        opts.core(DhcpOption::AddressLeaseTime(lease));
+        opts.core(DhcpOption::Renewal(lease / 2));
+        opts.core(DhcpOption::Rebinding(lease / 8 * 7));
+    }
+    address_options(&mut opts, dhcp, ip);
+    let boot = if c.netboot() {
+        boot_for(&c, Some(iface), s)
+    } else {
+        Err("not_netboot")
+    };
+    if let Ok(b) = &boot {
+        boot_options(&mut msg, &mut opts, &c, b, req, s);
+    }
+    let fields = json!({
+        "ip": ip.to_string(),
+        "boot_file": boot.as_ref().ok().map(|b| b.file.clone()),
+        "no_boot": boot.as_ref().err(),
+        "arch": c.arch,
+        "ipxe": c.ipxe,
+        "relay": relay_fields(req),
+        "xid": format!("{:#010x}", req.xid()),
+    });
+    finish(msg, opts, req, &c, kind, Some(key), fields, Port::Dhcp)
+}
+
+fn nak(req: &Message, c: &Client, key: Key, why: String, s: &Settings) -> Outcome {
+    let mut msg = Message::default();
+    msg.set_opcode(Opcode::BootReply)
+        .set_htype(req.htype())
+        .set_xid(req.xid())
+        .set_flags(req.flags())
+        .set_giaddr(req.giaddr())
+        .set_chaddr(req.chaddr());
+    // RFC 2131 4.3.2: a NAK goes to the relay, else broadcast.
+    let dest = if req.giaddr().is_unspecified() {
+        Dest::Broadcast
+    } else {
+        Dest::Relay(req.giaddr())
+    };
+    if !req.giaddr().is_unspecified() {
+        msg.set_flags(req.flags().set_broadcast());
+    }
+    let mut opts = DhcpOptions::new();
+    opts.insert(DhcpOption::MessageType(MessageType::Nak));
+    opts.insert(DhcpOption::ServerIdentifier(s.server_ip));
+    if let Some(o) = req.opts().get(OptionCode::RelayAgentInformation) {
+        opts.insert(o.clone());
+    }
+    opts.insert(DhcpOption::Message(why.clone()));
+    msg.set_opts(opts);
+    Outcome::Reply(Box::new(Reply {
+        msg,
+        dest,
+        kind: "dhcp.nak",
+        machine: Some(key),
+        mac: c.mac,
+        fields: json!({"reason": why, "relay": relay_fields(req), "xid": format!("{:#010x}", req.xid())}),
+    }))
+}
+
+/// Proxy modes: boot information only, never an address (PXE 2.1 2.2.1).
+fn proxy(req: &Message, port: Port, c: &Client, m: Option<&Machine>, s: &Settings) -> Outcome {
+    if !c.netboot() {
+        return Outcome::Ignore("not_netboot");
+    }
+    let iface = m.and_then(|m| iface_of(m, c.mac));
+    if s.mode == Mode::Proxy && iface.is_none() {
+        return Outcome::Ignore("unknown_mac");
+    }
+    let kind = match (port, c.msg_type) {
+        (Port::Dhcp, MessageType::Discover) => "dhcp.proxy_offer",
+        (Port::Proxy, MessageType::Request) => "dhcp.proxy_ack",
+        // A REQUEST on port 67 is for the real DHCP server.
+        _ => return Outcome::Ignore("not_for_proxy"),
+    };
+    let boot = match boot_for(c, iface, s) {
+        Ok(b) => b,
+        Err(why) => return Outcome::Ignore(why),
+    };
+    let reply_type = if kind == "dhcp.proxy_offer" {
+        MessageType::Offer
+    } else {
+        MessageType::Ack
+    };
+    let mut msg = reply_base(req, reply_type, s);
+    msg.set_yiaddr(Ipv4Addr::UNSPECIFIED);
+    let mut opts = Opts::new(req);
+    boot_options(&mut msg, &mut opts, c, &boot, req, s);
+    let fields = json!({
+        "boot_file": boot.file,
+        "arch": c.arch,
+        "ipxe": c.ipxe,
+        "mode": s.mode.as_str(),
+        "relay": relay_fields(req),
+        "xid": format!("{:#010x}", req.xid()),
+    });
+    finish(
+        msg,
+        opts,
+        req,
+        c,
+        kind,
+        m.map(|m| m.key.clone()),
+        fields,
+        port,
+    )
+}
+
+fn reply_base(req: &Message, t: MessageType, s: &Settings) -> Message {
+    let mut msg = Message::default();
+    msg.set_opcode(Opcode::BootReply)
+        .set_htype(req.htype())
+        .set_xid(req.xid())
+        .set_flags(req.flags())
+        .set_ciaddr(req.ciaddr())
+        .set_giaddr(req.giaddr())
+        .set_chaddr(req.chaddr());
+    msg.opts_mut().insert(DhcpOption::MessageType(t));
+    msg.opts_mut()
+        .insert(DhcpOption::ServerIdentifier(s.server_ip));
+    msg
+}
+
+fn address_options(opts: &mut Opts, d: &HwDhcp, ip: Ipv4Addr) {
+    let ipcfg = d.ip.as_ref();
+    let mask: Option<Ipv4Addr> = ipcfg
+        .and_then(|i| i.netmask.as_deref())
+        .and_then(|m| m.trim().parse().ok());
+    if let Some(mask) = mask {
+        opts.core(DhcpOption::SubnetMask(mask));
+        let bcast = Ipv4Addr::from(u32::from(ip) | !u32::from(mask));
+        opts.requested(DhcpOption::BroadcastAddr(bcast));
+    }
+    if let Some(gw) = ipcfg
+        .and_then(|i| i.gateway.as_deref())
+        .and_then(|g| g.trim().parse::<Ipv4Addr>().ok())
+    {
+        opts.core(DhcpOption::Router(vec![gw]));
+    }
+    let dns: Vec<Ipv4Addr> = d
+        .name_servers
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    if !dns.is_empty() {
+        opts.core(DhcpOption::DomainNameServer(dns));
+    }
+    if let Some(h) = d.hostname.as_deref().filter(|h| !h.is_empty()) {
+        opts.requested(DhcpOption::Hostname(h.to_string()));
+    }
+    if let Some(dn) = d.domain_name.as_deref().filter(|d| !d.is_empty()) {
+        opts.requested(DhcpOption::DomainName(dn.to_string()));
+        if let Ok(name) = dhcproto::Name::from_str(dn) {
+            opts.requested(DhcpOption::DomainSearch(vec![name]));
+        }
+    }
+    let ntp: Vec<Ipv4Addr> = d
+        .time_servers
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    if !ntp.is_empty() {
+        opts.requested(DhcpOption::NtpServers(ntp));
+    }
+    let routes: Vec<(ipnet::Ipv4Net, Ipv4Addr)> = d
+        .classless_static_routes
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r.destination_descriptor.parse().ok()?,
+                r.router.parse().ok()?,
+            ))
+        })
+        .collect();
+    if !routes.is_empty() {
+        opts.requested(DhcpOption::ClasslessStaticRoute(routes));
+    }
+}
+
+fn boot_options(
+    msg: &mut Message,
+    opts: &mut Opts,
+    c: &Client,
+    b: &Boot,
+    req: &Message,
+    s: &Settings,
+) {
+    msg.set_siaddr(s.server_ip);
+    // The `file` field holds 128 bytes; option 67 carries longer names.
+    if b.file.len() < 128 {
+        msg.set_fname_str(&b.file);
+    }
+    if b.file.len() >= 128 || opts.was_requested(OptionCode::BootfileName) {
+        opts.core(DhcpOption::BootfileName(b.file.as_bytes().to_vec()));
+    }
+    opts.requested(DhcpOption::TFTPServerName(
+        s.server_ip.to_string().into_bytes(),
+    ));
+    // PXE firmware ignores offers without option 60 = PXEClient (and UEFI
+    // HTTP boot without HTTPClient).
+    if b.http_client {
+        opts.core(DhcpOption::ClassIdentifier(b"HTTPClient".to_vec()));
+    } else if c.pxe {
+        opts.core(DhcpOption::ClassIdentifier(b"PXEClient".to_vec()));
+    }
+    if c.pxe && !c.ipxe {
+        // PXE 2.1 option 43, sub-option 6 (discovery control) = 8: boot
+        // the file in this reply, skip boot-server discovery.
+        opts.core(DhcpOption::VendorExtensions(vec![6, 1, 8, 255]));
+    }
+    if c.ipxe {
+        // iPXE: do not wait for ProxyDHCP offers (saves ~3 s per boot).
+        opts.core(DhcpOption::Unknown(UnknownOption::new(
+            OptionCode::Unknown(OPT_IPXE),
+            vec![IPXE_NO_PXEDHCP, 1, 1],
+        )));
+    }
+    if let Some(DhcpOption::ClientMachineIdentifier(id)) =
+        req.opts().get(OptionCode::ClientMachineIdentifier)
+    {
+        // PXE: echo the client's UUID.
+        opts.core(DhcpOption::ClientMachineIdentifier(id.clone()));
+    }
+}
+
+/// Options for a reply: "core" ones always go, the others only when the
+/// client's parameter request list (55) names them (or it sent none).
+struct Opts {
+    prl: Option<Vec<OptionCode>>,
+    core: Vec<DhcpOption>,
+    extra: Vec<DhcpOption>,
+    max: usize,
+}
+
+impl Opts {
+    fn new(req: &Message) -> Self {
+        let prl = match req.opts().get(OptionCode::ParameterRequestList) {
+            Some(DhcpOption::ParameterRequestList(p)) => Some(p.clone()),
+            _ => None,
+        };
+        // Option 57 counts the whole DHCP message (RFC 2132 9.10).
+        let max = match req.opts().get(OptionCode::MaxMessageSize) {
+            Some(DhcpOption::MaxMessageSize(m)) => (*m as usize).clamp(MIN_MESSAGE, 1472),
+            _ => MIN_MESSAGE,
+        };
+        Opts {
+            prl,
+            core: vec![],
+            extra: vec![],
+            max,
+        }
+    }
+
+    fn was_requested(&self, code: OptionCode) -> bool {
+        self.prl.as_ref().is_some_and(|p| p.contains(&code))
+    }
+
+    fn core(&mut self, o: DhcpOption) {
+        self.core.push(o);
+    }
+
+    fn requested(&mut self, o: DhcpOption) {
+        let code = OptionCode::from(&o);
+        if self.prl.is_none() || self.was_requested(code) {
+            self.extra.push(o);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    mut msg: Message,
+    o: Opts,
+    req: &Message,
+    c: &Client,
+    kind: &'static str,
+    machine: Option<Key>,
+    fields: serde_json::Value,
+    port: Port,
+) -> Outcome {
+    for opt in o.core {
+        msg.opts_mut().insert(opt);
+    }
+    // RFC 3046 2.2: option 82 is echoed back unchanged.
+    if let Some(relay) = req.opts().get(OptionCode::RelayAgentInformation) {
+        msg.opts_mut().insert(relay.clone());
+    }
+    // Requested options in the client's order of preference; drop from the
+    // end while the message does not fit its size limit (RFC 2131 4.1).
+    let mut extra = o.extra;
+    if let Some(prl) = &o.prl {
+        extra.sort_by_key(|opt| {
+            prl.iter()
+                .position(|c| *c == OptionCode::from(opt))
+                .unwrap_or(usize::MAX)
+        });
+    }
+    let base = msg.clone();
+    loop {
+        let mut m = base.clone();
+        for opt in &extra {
+            m.opts_mut().insert(opt.clone());
+        }
+        match encoded_len(&m) {
+            Some(n) if n <= o.max || extra.is_empty() => {
+                msg = m;
+                break;
+            }
+            _ => {
+                extra.pop();
+            }
+        }
+    }
+    let dest = match port {
+        Port::Proxy => Dest::Source,
+        Port::Dhcp if !req.giaddr().is_unspecified() => Dest::Relay(req.giaddr()),
+        Port::Dhcp if !req.ciaddr().is_unspecified() => Dest::Client(req.ciaddr()),
+        // Without ARP injection a unicast to yiaddr cannot reach a client
+        // that has no address yet; RFC 2131 4.1 allows the broadcast.
+        Port::Dhcp => Dest::Broadcast,
+    };
+    if dest == Dest::Broadcast && !msg.flags().broadcast() {
+        msg.set_flags(Flags::default().set_broadcast());
+    }
+    Outcome::Reply(Box::new(Reply {
+        msg,
+        dest,
+        kind,
+        machine,
+        mac: c.mac,
+        fields,
+    }))
+}
+
+fn encoded_len(m: &Message) -> Option<usize> {
+    let mut buf = Vec::with_capacity(600);
+    m.encode(&mut Encoder::new(&mut buf)).ok()?;
+    Some(buf.len())
+}
+
+/// Decode a packet from the wire. dhcproto is a third-party parser fed
+/// hostile input: a panic in it (there were debug assertions on option
+/// lengths) must cost one packet, not the DHCP service, hence the unwind
+/// guard.
+pub fn decode(data: &[u8]) -> Option<Message> {
+    use dhcproto::{Decodable, Decoder};
+    std::panic::catch_unwind(|| Message::decode(&mut Decoder::new(data)).ok())
+        .ok()
+        .flatten()
+}
+
+/// Encode a reply, padded to the BOOTP minimum.
+pub fn encode(m: &Message) -> Result<Vec<u8>, dhcproto::error::EncodeError> {
+    let mut buf = Vec::with_capacity(600);
+    m.encode(&mut Encoder::new(&mut buf))?;
+    if buf.len() < MIN_BOOTP {
+        buf.resize(MIN_BOOTP, 0);
+    }
+    Ok(buf)
+}
+
+fn relay_fields(req: &Message) -> Option<serde_json::Value> {
+    let Some(DhcpOption::RelayAgentInformation(info)) =
+        req.opts().get(OptionCode::RelayAgentInformation)
+    else {
+        return None;
+    };
+    let text = |code| match info.get(code) {
+        Some(RelayInfo::AgentCircuitId(v)) | Some(RelayInfo::AgentRemoteId(v)) => {
+            Some(printable(v))
+        }
+        _ => None,
+    };
+    Some(json!({
+        "giaddr": req.giaddr().to_string(),
+        "circuit_id": text(RelayCode::AgentCircuitId),
+        "remote_id": text(RelayCode::AgentRemoteId),
+    }))
+}
+
+/// Relay ids are bytes: text when printable, else hex.
+fn printable(v: &[u8]) -> String {
+    match std::str::from_utf8(v) {
+        Ok(s) if s.chars().all(|c| !c.is_control()) => s.to_string(),
+        _ => v
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,146 @@
+# shellcheck shell=bash
+# Helpers for the network-boot lab (see tests/lab/README.md). Source it:
+#   . tests/lab/lib.sh
+# Every function is idempotent and safe to call from an EXIT trap (it never
+# fails because something is already there or already gone).
+
+# Debian packages the lab uses (build-artifacts installs the missing ones).
+LAB_PACKAGES=(
+    busybox-static cpio gzip xz-utils zstd # the initramfs
+    qemu-system-x86 seabios ipxe-qemu ovmf # the machines (TCG)
+    ipxe                                   # ipxe.efi / undionly.kpxe for TFTP
+    iproute2                               # namespaces, bridge, taps, veths
+    dnsmasq-base                           # the reference DHCP/TFTP server
+    isc-dhcp-client tftp-hpa curl tcpdump  # plain clients and troubleshooting
+    python3                                # HTTP server and UDP listener of the selftest
+)
+LAB_BRIDGE=${LAB_BRIDGE:-br0}
+LAB_ULA=${LAB_ULA:-fd99::1/64}
+export LAB_CACHE=${TB_LAB_CACHE:-/var/cache/tinkerbox-lab}
+
+lab_log() { printf '[lab] %s\n' "$*" >&2; }
+
+# lab_missing_packages PKG... : prints the ones not installed.
+lab_missing_packages() {
+    local p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || printf '%s\n' "$p"
+    done
+}
+
+# lab_install_packages [PKG...] : apt-get installs what is missing (default:
+# LAB_PACKAGES), running apt-get update first only when something is missing.
+lab_install_packages() {
+    local -a want missing
+    if (($#)); then want=("$@"); else want=("${LAB_PACKAGES[@]}"); fi
+    mapfile -t missing < <(lab_missing_packages "${want[@]}")
+    ((${#missing[@]})) || return 0
+    if [[ $(id -u) -ne 0 ]]; then
+        lab_log "missing Debian packages: ${missing[*]} (run as root to install them)"
+        return 1
+    fi
+    lab_log "installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+lab_ns_exists() { [[ -e /run/netns/$1 ]]; }
+
+# lab_up NS BRIDGE_CIDR : namespace NS with lo up and bridge br0 holding
+# BRIDGE_CIDR (e.g. 10.99.0.1/24) and the ULA $LAB_ULA (nodad), up.
+lab_up() {
+    local ns=${1:?lab_up NS BRIDGE_CIDR} cidr=${2:?lab_up NS BRIDGE_CIDR}
+    lab_ns_exists "$ns" || ip netns add "$ns"
+    ip -n "$ns" link set lo up
+    if ! ip -n "$ns" link show "$LAB_BRIDGE" >/dev/null 2>&1; then
+        ip -n "$ns" link add "$LAB_BRIDGE" type bridge forward_delay 0 stp_state 0
+    fi
+    ip -n "$ns" addr replace "$cidr" dev "$LAB_BRIDGE"
+    ip -n "$ns" -6 addr replace "$LAB_ULA" dev "$LAB_BRIDGE" nodad
+    ip -n "$ns" link set "$LAB_BRIDGE" up
+}
+
+# lab_tap NS TAPNAME : tap device in NS, enslaved to br0, up. QEMU opens it
+# from inside the namespace (ip netns exec NS qemu-system-x86_64 ...).
+lab_tap() {
+    local ns=${1:?lab_tap NS TAP} tap=${2:?lab_tap NS TAP}
+    if ! ip -n "$ns" link show "$tap" >/dev/null 2>&1; then
+        ip -n "$ns" tuntap add dev "$tap" mode tap
+    fi
+    ip -n "$ns" link set "$tap" master "$LAB_BRIDGE" up
+}
+
+# lab_veth NS CLIENTNS : namespace CLIENTNS (created) whose eth0 is a veth
+# whose peer is enslaved to br0 in NS. Both ends up, no address.
+lab_veth() {
+    local ns=${1:?lab_veth NS CLIENTNS} cns=${2:?lab_veth NS CLIENTNS}
+    local host="v-${cns:0:13}"
+    lab_ns_exists "$cns" || ip netns add "$cns"
+    ip -n "$cns" link set lo up
+    if ! ip -n "$ns" link show "$host" >/dev/null 2>&1; then
+        ip -n "$cns" link del eth0 2>/dev/null || true
+        ip -n "$ns" link add "$host" type veth peer name eth0 netns "$cns"
+    fi
+    ip -n "$ns" link set "$host" master "$LAB_BRIDGE" up
+    ip -n "$cns" link set eth0 up
+}
+
+# lab_kill_pid PID... : TERM, up to 5 s grace, then KILL; reaps children.
+lab_kill_pid() {
+    local pid i
+    for pid in "$@"; do
+        [[ $pid =~ ^[0-9]+$ ]] || continue
+        kill -TERM "$pid" 2>/dev/null || continue
+        for ((i = 0; i < 50; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) == Z ]] && break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    return 0
+}
+
+# lab_down NS [CLIENTNS...] : kills every process still inside those
+# namespaces, then deletes them. Works on half-built labs and missing ones.
+lab_down() {
+    local ns pids
+    for ns in "$@"; do
+        lab_ns_exists "$ns" || continue
+        pids=$(ip netns pids "$ns" 2>/dev/null || true)
+        if [[ -n $pids ]]; then
+            lab_log "stopping processes left in $ns: $(echo "$pids" | tr '\n' ' ')"
+            # shellcheck disable=SC2086 # one PID per word
+            lab_kill_pid $pids
+        fi
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    return 0
+}
+
+# lab_wait_log FILE PATTERN TIMEOUT_S [PID] : polls FILE (every 0.2 s) for the
+# extended regex PATTERN. 0 when found, 1 on timeout, 2 when PID (optional)
+# exited without the pattern showing up.
+lab_wait_log() {
+    local file=$1 pattern=$2 timeout=$3 pid=${4:-}
+    local deadline=$((SECONDS + timeout))
+    while :; do
+        grep -Eq -- "$pattern" "$file" 2>/dev/null && return 0
+        if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then
+            grep -Eq -- "$pattern" "$file" 2>/dev/null && return 0
+            return 2
+        fi
+        ((SECONDS < deadline)) || return 1
+        sleep 0.2
+    done
+}
+
+# lab_sercon_file PATH : writes the 2-byte little-endian 0x3f8 (COM1) that
+# SeaBIOS reads from fw_cfg etc/sercon-port to mirror its and iPXE's
+# console on the serial port.
+lab_sercon_file() {
+    local path=${1:?lab_sercon_file PATH}
+    mkdir -p "$(dirname "$path")"
+    printf '\xf8\x03' >"$path.tmp.$$" && mv -f "$path.tmp.$$" "$path"
+}
