@@ -16,8 +16,9 @@ const SEVERITY: [&str; 8] = [
     "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug",
 ];
 
-/// A received line: facility and severity from `<PRI>`, then the text
-/// (RFC 3164 or RFC 5424 header left in place; both are readable).
+/// A received line: facility and severity from `<PRI>`, then the text as
+/// `app: message`. RFC 5424 headers are taken apart; an RFC 3164 timestamp
+/// is dropped (the event has its own), the rest kept.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Line {
     pub facility: u8,
@@ -34,11 +35,16 @@ pub fn parse(data: &[u8]) -> Option<Line> {
             .flatten()
             .filter(|p| *p <= 191)
     };
-    let (pri, rest) = match s.strip_prefix('<').and_then(|r| r.split_once('>')) {
-        Some((p, rest)) if pri(p).is_some() => (pri(p).unwrap_or(13), rest),
+    let (pri, rest) = match s
+        .strip_prefix('<')
+        .and_then(|r| r.split_once('>'))
+        .and_then(|(p, rest)| Some((pri(p)?, rest)))
+    {
+        Some(x) => x,
         // RFC 3164 4.3.3: no (valid) PRI means user.notice, all of it text.
-        _ => (13, s),
+        None => (13, s),
     };
+    let rest = strip_5424(rest).unwrap_or_else(|| strip_3164_time(rest).to_string());
     let mut text: String = rest
         .chars()
         .filter(|c| !c.is_control() || *c == '\t')
@@ -58,6 +64,62 @@ pub fn parse(data: &[u8]) -> Option<Line> {
         severity: SEVERITY[(pri & 7) as usize],
         text,
     })
+}
+
+/// `1 TIMESTAMP HOST APP PROCID MSGID SD [MSG]` -> `APP: MSG`.
+fn strip_5424(s: &str) -> Option<String> {
+    let mut it = s.splitn(7, ' ');
+    if it.next()? != "1" {
+        return None;
+    }
+    let (_ts, _host, app, _pid, _msgid) =
+        (it.next()?, it.next()?, it.next()?, it.next()?, it.next()?);
+    let rest = it.next().unwrap_or("");
+    // Structured data: "-" or one or more [id k="v" ...] (quotes may hold
+    // spaces and escaped brackets).
+    let msg = if let Some(m) = rest.strip_prefix('-') {
+        m
+    } else {
+        let b = rest.as_bytes();
+        let mut i = 0;
+        while i < b.len() && b[i] == b'[' {
+            let mut in_quote = false;
+            i += 1;
+            while i < b.len() {
+                match b[i] {
+                    b'\\' if in_quote => i += 1,
+                    b'"' => in_quote = !in_quote,
+                    b']' if !in_quote => break,
+                    _ => {}
+                }
+                i += 1;
+            }
+            i += 1;
+        }
+        rest.get(i.min(rest.len())..).unwrap_or("")
+    };
+    let msg = msg.trim_start().trim_start_matches('\u{feff}');
+    Some(if app == "-" {
+        msg.to_string()
+    } else {
+        format!("{app}: {msg}")
+    })
+}
+
+/// Drop a leading `Mmm dd hh:mm:ss ` (RFC 3164 TIMESTAMP).
+fn strip_3164_time(s: &str) -> &str {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let b = s.as_bytes();
+    let looks = b.len() > 16
+        && MONTHS.iter().any(|m| s.starts_with(m))
+        && b[3] == b' '
+        && b[6] == b' '
+        && b[9] == b':'
+        && b[12] == b':'
+        && b[15] == b' ';
+    if looks { &s[16..] } else { s }
 }
 
 pub async fn serve(
@@ -105,7 +167,16 @@ mod tests {
         assert_eq!(l.text, "tb-lab: hello from 52:54:00:99:00:01");
         let l = parse(b"<165>1 2003-10-11T22:14:15.003Z host app - ID47 - msg").unwrap();
         assert_eq!((l.facility, l.severity), (20, "notice"));
-        assert!(l.text.starts_with("1 2003-10-11"));
+        assert_eq!(l.text, "app: msg");
+        // util-linux logger --udp: RFC 5424 with structured data.
+        let l = parse(b"<12>1 2026-11-22T01:58:01.859150+00:00 vm osie - - [timeQuality tzKnown=\"1\" isSynced=\"0\"] hello from the OSIE").unwrap();
+        assert_eq!(l.text, "osie: hello from the OSIE");
+        let l = parse(b"<12>1 - - - - - [a x=\"]] [\"][b] \xef\xbb\xbfbom").unwrap();
+        assert_eq!(l.text, "bom");
+        // busybox syslogd -R forwards RFC 3164 with a timestamp.
+        let l =
+            parse(b"<14>Nov 22 01:49:16 tb-lab: hello from 52:54:00:99:00:01 worker_id=x").unwrap();
+        assert_eq!(l.text, "tb-lab: hello from 52:54:00:99:00:01 worker_id=x");
         let l = parse(b"no pri here").unwrap();
         assert_eq!(
             (l.facility, l.severity, l.text.as_str()),

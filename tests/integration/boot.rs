@@ -1,0 +1,392 @@
+//! The boot path on loopback, with real clients: tftp-hpa and curl for
+//! TFTP, curl for iPXE scripts, binaries and artifacts (Range), util-linux
+//! `logger` for syslog. A Hardware with IP 127.0.0.1 makes the test process
+//! a known machine for by-IP lookups.
+
+use crate::common::*;
+use serde_json::Value;
+use std::net::UdpSocket;
+use std::process::Command;
+use std::time::Duration;
+
+const MAC: &str = "52:54:00:77:00:01";
+
+fn machine_yaml(extra_netboot: &str) -> String {
+    format!(
+        "apiVersion: tinkerbell.org/v1alpha1\nkind: Hardware\nmetadata:\n  name: loop\nspec:\n  metadata: {{facility: {{facility_code: lab1}}}}\n  interfaces:\n  - dhcp:\n      mac: \"{MAC}\"\n      ip: {{address: 127.0.0.1, netmask: 255.0.0.0}}\n    netboot: {{allowPXE: true{extra_netboot}}}\n  - dhcp:\n      mac: \"52:54:00:77:00:02\"\n    netboot: {{allowPXE: false}}\n"
+    )
+}
+
+fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Pseudo-random bytes, so a corrupted transfer cannot look right by chance.
+fn noise(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+struct Boot {
+    d: Daemon,
+    tftp_port: u16,
+    syslog_port: u16,
+    efi: Vec<u8>,
+    kpxe: Vec<u8>,
+    artifact: Vec<u8>,
+}
+
+fn start() -> Boot {
+    let files = tempfile::tempdir().unwrap().keep();
+    let efi = noise(1_000_003, 7); // not a multiple of any block size
+    let kpxe = noise(512 * 130, 9); // an exact multiple: needs the empty last block
+    std::fs::write(files.join("ipxe.efi"), &efi).unwrap();
+    std::fs::write(files.join("undionly.kpxe"), &kpxe).unwrap();
+    let artifacts = files.join("artifacts");
+    std::fs::create_dir_all(artifacts.join("sub")).unwrap();
+    let artifact = noise(3 << 20, 11);
+    std::fs::write(artifacts.join("vmlinuz-x86_64"), &artifact).unwrap();
+    let tftp_port = free_udp_port();
+    let syslog_port = free_udp_port();
+    let boot = format!(
+        "[dhcp]\nmode = \"off\"\n[tftp]\nlisten = \"127.0.0.1:{tftp_port}\"\nipxe_dir = {:?}\n[syslog]\nlisten = \"127.0.0.1:{syslog_port}\"\n",
+        files.to_str().unwrap()
+    );
+    let http = format!(
+        "artifacts_dir = {:?}\nextra_kernel_args = [\"console=ttyS0,115200\"]\n",
+        artifacts.to_str().unwrap()
+    );
+    let d = Daemon::start_setup(Setup {
+        boot: &boot,
+        http: &http,
+        ..Setup::default()
+    });
+    let f = write_file(&d.dir, "m.yaml", &machine_yaml(""));
+    d.cli_ok(&["hardware", "apply", "-f", f.to_str().unwrap()]);
+    Boot {
+        d,
+        tftp_port,
+        syslog_port,
+        efi,
+        kpxe,
+        artifact,
+    }
+}
+
+/// Poll the machine's events (written in batches) until `kind` shows up.
+fn wait_event(d: &Daemon, name: &str, kind: &str) -> Vec<Value> {
+    for _ in 0..100 {
+        let out = d.cli_ok(&["events", name, "-o", "json"]);
+        let v: Vec<Value> = serde_json::from_str(&out).unwrap();
+        if v.iter().any(|e| e["kind"] == kind) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no {kind} event for {name}: {}", d.cli_ok(&["events"]));
+}
+
+#[test]
+fn tftp_serves_byte_exact_with_real_clients() {
+    let b = start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = b.tftp_port.to_string();
+    // tftp-hpa, plain RFC 1350 (512-byte blocks), binary mode.
+    for (file, want) in [("ipxe.efi", &b.efi), ("undionly.kpxe", &b.kpxe)] {
+        let out = dir.path().join(file);
+        let o = Command::new("tftp")
+            .args([
+                "-m",
+                "binary",
+                "127.0.0.1",
+                &port,
+                "-c",
+                "get",
+                file,
+                out.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            std::fs::read(&out).unwrap() == *want,
+            "tftp-hpa {file} differs"
+        );
+    }
+    // curl with RFC 2348 blksize (and its tsize request), and the <mac>/ prefix.
+    for blksize in ["512", "1468", "8192"] {
+        let o = Command::new("curl")
+            .args(["-sf", "--max-time", "30", "--tftp-blksize", blksize])
+            .arg(format!("tftp://127.0.0.1:{port}/{MAC}/ipxe.efi"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "curl blksize {blksize}: {:?}", o.status);
+        assert!(o.stdout == b.efi, "curl blksize {blksize}: bytes differ");
+    }
+    let v = wait_event(&b.d, "loop", "tftp.sent");
+    let sent: Vec<&Value> = v.iter().filter(|e| e["kind"] == "tftp.sent").collect();
+    assert!(
+        sent.iter()
+            .any(|e| e["fields"]["file"] == "ipxe.efi" && e["fields"]["bytes"] == 1_000_003),
+        "{v:?}"
+    );
+    assert!(b.d.metric("tinkerbox_tftp_transfers_total{result=\"sent\"}") >= 4.0);
+    assert!(b.d.metric("tinkerbox_tftp_sent_bytes_total") >= 4.0 * 1_000_003.0);
+}
+
+#[test]
+fn tftp_refuses_writes_escapes_and_unknown_files() {
+    let b = start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = b.tftp_port.to_string();
+    for file in [
+        "nope.efi",
+        "../etc/passwd",
+        "/etc/passwd",
+        "sub/../ipxe.efi",
+    ] {
+        let out = dir.path().join("x");
+        let o = Command::new("tftp")
+            .args([
+                "-m",
+                "binary",
+                "127.0.0.1",
+                &port,
+                "-c",
+                "get",
+                file,
+                out.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            text.contains("Error code"),
+            "{file}: tftp-hpa should report a TFTP error: {text}"
+        );
+    }
+    // curl reports the TFTP error code: 1 (not found) or 2 (access violation).
+    let o = Command::new("curl")
+        .args(["-s", "--max-time", "10"])
+        .arg(format!("tftp://127.0.0.1:{port}/nope.efi"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(68), "curl: TFTP file not found");
+    // A write request is refused with an error, and nothing is written.
+    let src = dir.path().join("upload");
+    std::fs::write(&src, b"payload").unwrap();
+    let o = Command::new("tftp")
+        .current_dir(dir.path())
+        .args([
+            "-m",
+            "binary",
+            "127.0.0.1",
+            &port,
+            "-c",
+            "put",
+            "upload",
+            "ipxe.efi",
+        ])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        text.contains("Error code") && text.contains("read-only"),
+        "{text}"
+    );
+    let out = dir.path().join("after");
+    let o = Command::new("tftp")
+        .args([
+            "-m",
+            "binary",
+            "127.0.0.1",
+            &port,
+            "-c",
+            "get",
+            "ipxe.efi",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert!(
+        std::fs::read(&out).unwrap() == b.efi,
+        "write refused, file unchanged"
+    );
+    assert!(b.d.metric("tinkerbox_tftp_transfers_total{result=\"not_found\"}") >= 2.0);
+    assert!(b.d.metric("tinkerbox_tftp_transfers_total{result=\"forbidden\"}") >= 2.0);
+    assert!(b.d.metric("tinkerbox_tftp_transfers_total{result=\"write_refused\"}") >= 1.0);
+    wait_event(&b.d, "loop", "tftp.refused");
+}
+
+#[test]
+fn ipxe_scripts_by_mac_and_by_source_ip() {
+    let b = start();
+    let d = &b.d;
+    let get = |path: &str| {
+        let o = d.curl(&["-s", "-w", "\n%{http_code}", &d.url(path)]);
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap();
+        (code.to_string(), body.to_string())
+    };
+    let (code, script) = get(&format!("/ipxe/script/{MAC}/auto.ipxe"));
+    assert_eq!(code, "200", "{script}");
+    assert!(script.starts_with("#!ipxe\n"));
+    let base = format!("http://127.0.0.1:{}", d.http.port());
+    assert!(
+        script.contains(&format!("set base-url {base}/artifacts\n")),
+        "{script}"
+    );
+    assert!(script.contains(&format!(
+        "facility=lab1 syslog_host=127.0.0.1 grpc_authority=127.0.0.1:42113 tinkerbell_tls=false worker_id={MAC} hw_addr={MAC} modules=loop,squashfs,sd-mod,usb-storage initrd=initramfs-${{arch}} console=ttyS0,115200"
+    )), "{script}");
+    // The same script by source IP (127.0.0.1 is the machine's address).
+    let (code, by_ip) = get("/auto.ipxe");
+    assert_eq!(code, "200");
+    assert_eq!(by_ip, script);
+    // MAC spellings are normalised in the URL too.
+    assert_eq!(get("/ipxe/script/52-54-00-77-00-01/auto.ipxe").0, "200");
+    // Refusals: unknown MAC, allowPXE false, garbage.
+    assert_eq!(get("/ipxe/script/52:54:00:77:00:99/auto.ipxe").0, "404");
+    assert_eq!(get("/ipxe/script/52:54:00:77:00:02/auto.ipxe").0, "404");
+    assert_eq!(get("/ipxe/script/not-a-mac/auto.ipxe").0, "404");
+    let v = wait_event(d, "loop", "ipxe.refused");
+    assert!(v.iter().any(|e| e["kind"] == "ipxe.script"));
+    // A Hardware's own script is served as is.
+    let f = write_file(
+        &d.dir,
+        "m2.yaml",
+        &machine_yaml(", ipxe: {contents: \"#!ipxe\\necho custom\\n\"}"),
+    );
+    d.cli_ok(&["hardware", "apply", "-f", f.to_str().unwrap()]);
+    assert_eq!(get("/auto.ipxe").1, "#!ipxe\necho custom\n");
+    assert!(d.metric("tinkerbox_boot_http_requests_total{what=\"script\",code=\"200\"}") >= 3.0);
+    assert!(d.metric("tinkerbox_boot_http_requests_total{what=\"script\",code=\"404\"}") >= 3.0);
+}
+
+#[test]
+fn binaries_and_artifacts_over_http() {
+    let b = start();
+    let d = &b.d;
+    let o = d.curl(&["-sf", &d.url("/ipxe/binary/ipxe.efi")]);
+    assert!(
+        o.status.success() && o.stdout == b.efi,
+        "HTTP-boot binary differs"
+    );
+    let o = d.curl(&[
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &d.url("/ipxe/binary/nope.efi"),
+    ]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "404");
+    // Whole artifact, then a Range.
+    let o = d.curl(&["-sf", &d.url("/artifacts/vmlinuz-x86_64")]);
+    assert!(o.stdout == b.artifact);
+    let o = d.curl(&[
+        "-s",
+        "-r",
+        "1000-1999",
+        "-w",
+        "%{http_code}",
+        "-o",
+        "-",
+        &d.url("/artifacts/vmlinuz-x86_64"),
+    ]);
+    let (body, code) = o.stdout.split_at(o.stdout.len() - 3);
+    assert_eq!(code, b"206");
+    assert_eq!(body, &b.artifact[1000..2000]);
+    // No listing, no escape, nothing missing served.
+    for path in [
+        "/artifacts/",
+        "/artifacts/sub/",
+        "/artifacts/../tinkerbox.toml",
+        "/artifacts/%2e%2e/tinkerbox.toml",
+        "/artifacts/nope",
+    ] {
+        let o = d.curl(&[
+            "-s",
+            "--path-as-is",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &d.url(path),
+        ]);
+        let code = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(code == "404" || code == "400", "{path}: {code}");
+    }
+    let v = wait_event(d, "loop", "http.artifact");
+    assert!(
+        v.iter()
+            .any(|e| e["kind"] == "http.artifact" && e["fields"]["status"] == 206)
+    );
+    assert!(d.metric("tinkerbox_boot_http_requests_total{what=\"artifact\",code=\"206\"}") >= 1.0);
+}
+
+#[test]
+fn syslog_lines_land_in_the_machines_log() {
+    let b = start();
+    let d = &b.d;
+    let st = Command::new("logger")
+        .args([
+            "--udp",
+            "-n",
+            "127.0.0.1",
+            "-P",
+            &b.syslog_port.to_string(),
+            "-t",
+            "osie",
+            "-p",
+            "user.warning",
+        ])
+        .arg("hello from the OSIE")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let v = wait_event(d, "loop", "syslog");
+    let line = v.iter().find(|e| e["kind"] == "syslog").unwrap();
+    assert!(
+        line["message"]
+            .as_str()
+            .unwrap()
+            .contains("osie: hello from the OSIE"),
+        "{line}"
+    );
+    assert_eq!(line["fields"]["severity"], "warning");
+    // From an address no Hardware has: counted, not stored.
+    let s = UdpSocket::bind("127.0.0.2:0").unwrap();
+    s.send_to(b"<14>stranger", ("127.0.0.1", b.syslog_port))
+        .unwrap();
+    let mut n = 0.0;
+    for _ in 0..100 {
+        n = d.metric("tinkerbox_syslog_lines_total{result=\"unknown_source\"}");
+        if n >= 1.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(n, 1.0);
+    assert!(!d.cli_ok(&["events"]).contains("stranger"));
+}
