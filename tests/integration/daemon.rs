@@ -199,6 +199,9 @@ fn bad_config_refuses_start_naming_the_key() {
     let o = Command::new(BIN)
         .args(["--config", clash.to_str().unwrap(), "serve"])
         .env("TINKERBOX_STATE_DIR", dir.path().join("state2"))
+        .env("TINKERBOX_DHCP_MODE", "off")
+        .env("TINKERBOX_TFTP_ENABLED", "false")
+        .env("TINKERBOX_SYSLOG_ENABLED", "false")
         .env("TINKERBOX_API_LISTEN", format!("127.0.0.1:{}", free_port()))
         .output()
         .unwrap();

@@ -4,4 +4,5 @@
 mod boot;
 mod common;
 mod daemon;
+mod dhcp;
 mod hardware;

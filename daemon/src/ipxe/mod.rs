@@ -136,44 +136,36 @@ fn osie_script(m: &Machine, mac: Mac, iface: &Interface, s: &ScriptSettings) -> 
             params.push_str(&p);
         }
     }
-    format!(
-        r#"#!ipxe
-# tinkerbox: OSIE for {key} ({mac})
-echo tinkerbox: booting the OSIE for {key}
-
-set arch ${{buildarch}}
-iseq ${{arch}} i386 && set arch x86_64 ||
-iseq ${{arch}} arm64 && set arch aarch64 ||
-set base-url {base}
-
-set idx:int32 0
-:retry_kernel
-kernel ${{base-url}}/{kernel} {params} && goto download_initrd || iseq ${{idx}} {RETRIES} && goto kernel_error || inc idx && echo tinkerbox: kernel retry ${{idx}} in {RETRY_DELAY}s && sleep {RETRY_DELAY} && goto retry_kernel
-
-:download_initrd
-set idx:int32 0
-:retry_initrd
-initrd ${{base-url}}/{initrd} && goto boot || iseq ${{idx}} {RETRIES} && goto initrd_error || inc idx && echo tinkerbox: initrd retry ${{idx}} in {RETRY_DELAY}s && sleep {RETRY_DELAY} && goto retry_initrd
-
-:boot
-boot || goto boot_error
-
-:kernel_error
-echo tinkerbox: could not load ${{base-url}}/{kernel}
-goto failed
-:initrd_error
-echo tinkerbox: could not load ${{base-url}}/{initrd}
-goto failed
-:boot_error
-echo tinkerbox: boot failed
-:failed
-imgfree
-echo tinkerbox: rebooting in 10 seconds
-sleep 10
-reboot
-"#,
-        key = m.key,
+    let key = m.key.to_string();
+    let mac = mac.to_string();
+    let retries = RETRIES.to_string();
+    let delay = RETRY_DELAY.to_string();
+    render(
+        OSIE_TEMPLATE,
+        &[
+            ("machine", &key),
+            ("mac", &mac),
+            ("base_url", &base),
+            ("kernel", &kernel),
+            ("initrd", &initrd),
+            ("params", &params),
+            ("retries", &retries),
+            ("retry_delay", &delay),
+        ],
     )
+}
+
+/// The default script: `ipxe/osie.ipxe` at the top of the repository.
+const OSIE_TEMPLATE: &str = include_str!("../../../ipxe/osie.ipxe");
+
+/// Fill `{{name}}` placeholders. Hand-written: a template engine for eight
+/// plain substitutions would be the larger risk.
+fn render(template: &str, values: &[(&str, &str)]) -> String {
+    let mut out = template.to_string();
+    for (k, v) in values {
+        out = out.replace(&format!("{{{{{k}}}}}"), v);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -235,6 +227,14 @@ mod tests {
                 .unwrap()
                 .contains("chain --autofree https://boot.netboot.xyz ||")
         );
+    }
+
+    #[test]
+    fn template_has_no_unfilled_placeholders() {
+        let m = machine("{allowPXE: true}");
+        let s = script(&m, MAC.parse().unwrap(), &settings()).unwrap();
+        assert!(!s.contains("{{"), "{s}");
+        assert!(s.contains("# tinkerbox: OSIE for default/m1 (52:54:00:00:00:01)"));
     }
 
     #[test]
