@@ -390,3 +390,98 @@ fn syslog_lines_land_in_the_machines_log() {
     assert_eq!(n, 1.0);
     assert!(!d.cli_ok(&["events"]).contains("stranger"));
 }
+
+/// A TFTP client for what tftp-hpa and curl do not do: RFC 7440 windowsize,
+/// RFC 2349 timeout, and a lost ACK the server must recover from.
+const PY_TFTP: &str = r#"
+import socket, struct, sys
+host, port, name, window, drop_block = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5)
+opts = b"blksize\0" + b"1468\0" + b"tsize\0" + b"0\0" + b"timeout\0" + b"1\0"
+if window > 1:
+    opts += b"windowsize\0" + str(window).encode() + b"\0"
+s.sendto(b"\0\1" + name.encode() + b"\0octet\0" + opts, (host, port))
+pkt, peer = s.recvfrom(65536)
+assert pkt[:2] == b"\0\6", ("expected OACK", pkt[:40])
+fields = pkt[2:].split(b"\0")
+oack = dict(zip(fields[0::2], fields[1::2]))
+print("OACK", {k.decode(): v.decode() for k, v in oack.items() if k})
+blksize = int(oack[b"blksize"])
+s.sendto(b"\0\4\0\0", peer)
+data, expect, dropped, acks = bytearray(), 1, False, 0
+while True:
+    pkt, p = s.recvfrom(65536)
+    assert p == peer
+    op, blk = struct.unpack("!HH", pkt[:4])
+    assert op == 3, ("expected DATA", op)
+    if blk != expect:
+        continue  # duplicate of an earlier window: ignore
+    if blk == drop_block and not dropped:
+        dropped = True  # pretend it was lost: no ACK, wait for the retransmission
+        continue
+    data += pkt[4:]
+    last = len(pkt) - 4 < blksize
+    if last or blk % window == 0:
+        s.sendto(struct.pack("!HH", 4, blk), peer)
+        acks += 1
+    expect = (blk + 1) & 0xFFFF
+    if last:
+        break
+sys.stdout.buffer.write(b"ACKS %d\n" % acks)
+open(sys.argv[6], "wb").write(data)
+"#;
+
+#[test]
+fn tftp_windowsize_timeout_and_a_lost_packet() {
+    let b = start();
+    let dir = tempfile::tempdir().unwrap();
+    for (window, drop) in [(8, 0), (1, 5), (16, 40)] {
+        let out = dir.path().join(format!("w{window}"));
+        let o = Command::new("python3")
+            .args([
+                "-c",
+                PY_TFTP,
+                "127.0.0.1",
+                &b.tftp_port.to_string(),
+                "ipxe.efi",
+            ])
+            .args([window.to_string(), drop.to_string()])
+            .arg(&out)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(
+            o.status.success(),
+            "window {window}: {stdout}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            stdout.contains("'blksize': '1468'") && stdout.contains("'tsize': '1000003'"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("'timeout': '1'"), "{stdout}");
+        if window > 1 {
+            assert!(
+                stdout.contains(&format!("'windowsize': '{window}'")),
+                "{stdout}"
+            );
+        }
+        assert!(
+            std::fs::read(&out).unwrap() == b.efi,
+            "window {window}, lost block {drop}: bytes differ"
+        );
+        let blocks = 1_000_003 / 1468 + 1;
+        let acks: usize = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("ACKS "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            acks <= blocks / window + 2,
+            "one ACK per window: {acks} for {blocks} blocks"
+        );
+    }
+}

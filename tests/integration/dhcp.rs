@@ -319,7 +319,6 @@ impl Lab {
         // the real check is the curl inside the namespace.
         let stand_in = TcpListener::bind("127.0.0.1:0").unwrap();
         let api = stand_in.local_addr().unwrap().to_string();
-        drop(stand_in);
         let d = Daemon::start_setup(Setup {
             top: "public_ip = \"10.99.0.1\"",
             boot: &boot,
@@ -328,6 +327,7 @@ impl Lab {
             api_listen: Some(&api),
             ..Setup::default()
         });
+        drop(stand_in);
         d
     }
 }
