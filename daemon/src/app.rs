@@ -16,6 +16,8 @@ pub struct App {
     pub public_ip: std::net::Ipv4Addr,
     /// The iPXE binaries, for TFTP and `/ipxe/binary/`.
     pub files: crate::tftp::Files,
+    /// IMDSv2 token signer.
+    pub tokens: crate::metadata::token::Tokens,
     pub store: Store,
     pub inventory: Arc<Inventory>,
     pub events: EventSink,
@@ -41,6 +43,7 @@ impl App {
             config,
             public_ip,
             files,
+            tokens: crate::metadata::token::Tokens::new().expect("system RNG"), // ok: no RNG means no safe tokens at all
             store,
             inventory,
             events,

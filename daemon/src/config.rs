@@ -12,7 +12,9 @@ use std::time::Duration;
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/tinkerbox/tinkerbox.toml";
 
 /// Config sections: `TINKERBOX_API_LISTEN` maps to `api.listen`.
-const SECTIONS: &[&str] = &["dhcp", "tftp", "http", "syslog", "api", "events", "log"];
+const SECTIONS: &[&str] = &[
+    "dhcp", "tftp", "http", "metadata", "syslog", "api", "events", "log",
+];
 
 /// `TINKERBOX_*` variables that belong to the CLI, not to the config.
 const NOT_CONFIG: &[&str] = &["SERVER", "TOKEN", "CONFIG", "CACERT"];
@@ -28,6 +30,7 @@ pub struct Config {
     pub dhcp: DhcpConfig,
     pub tftp: TftpConfig,
     pub http: HttpConfig,
+    pub metadata: MetadataConfig,
     pub syslog: SyslogConfig,
     pub api: ApiConfig,
     pub events: EventsConfig,
@@ -74,6 +77,15 @@ pub struct HttpConfig {
     pub tink_server: Option<String>,
     /// `tinkerbell_tls=` for the OSIE.
     pub tink_server_tls: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetadataConfig {
+    /// Proxies (CIDRs) whose X-Forwarded-For is believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Refuse requests without an IMDSv2 token (IMDSv1 off).
+    pub require_token: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -131,6 +143,7 @@ impl Default for Config {
             dhcp: DhcpConfig::default(),
             tftp: TftpConfig::default(),
             http: HttpConfig::default(),
+            metadata: MetadataConfig::default(),
             syslog: SyslogConfig::default(),
             api: ApiConfig::default(),
             events: EventsConfig::default(),

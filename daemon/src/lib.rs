@@ -13,6 +13,7 @@ pub mod hardware;
 pub mod http;
 pub mod inventory;
 pub mod ipxe;
+pub mod metadata;
 pub mod metrics;
 pub mod serve;
 pub mod store;

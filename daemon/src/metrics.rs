@@ -54,6 +54,12 @@ pub struct Metrics {
     pub tftp_bytes: Counter,
     pub boot_requests: Family<BootLabels, Counter>,
     pub syslog_lines: Family<ResultLabels, Counter>,
+    pub metadata_requests: Family<CodeLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    pub code: u16,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -94,6 +100,7 @@ impl Metrics {
             tftp_bytes: Counter::default(),
             boot_requests: Family::default(),
             syslog_lines: Family::default(),
+            metadata_requests: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -171,6 +178,11 @@ impl Metrics {
             "Syslog datagrams by result: stored, unknown_source, malformed",
             m.syslog_lines.clone(),
         );
+        registry.register(
+            "metadata_requests",
+            "Metadata requests by status code",
+            m.metadata_requests.clone(),
+        );
         let info = Family::<Vec<(String, String)>, Gauge>::default();
         info.get_or_create(&vec![("version".into(), env!("CARGO_PKG_VERSION").into())])
             .set(1);
@@ -208,6 +220,12 @@ impl Metrics {
     pub fn tftp(&self, result: &'static str) {
         self.tftp_transfers
             .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    pub fn metadata(&self, code: u16) {
+        self.metadata_requests
+            .get_or_create(&CodeLabels { code })
             .inc();
     }
 

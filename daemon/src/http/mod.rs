@@ -32,6 +32,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/ipxe/script/{mac}/auto.ipxe", get(script_by_mac))
         .route("/ipxe/binary/{file}", get(binary))
         .nest_service("/artifacts", artifacts)
+        .merge(crate::metadata::http::router())
         .layer(middleware::from_fn_with_state(
             app.clone(),
             record_artifacts,

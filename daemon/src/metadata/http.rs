@@ -1,0 +1,431 @@
+//! Metadata over HTTP: the caller's identity is its source IP (or, behind a
+//! trusted proxy, the first untrusted address of X-Forwarded-For, walked
+//! from the right); a machine can only ever read its own data.
+
+use super::{
+    VERSIONS, ec2_get, instance_id, metadata_json, nocloud_meta_data, nocloud_network_config,
+};
+use crate::app::App;
+use crate::events::Event;
+use crate::hardware::Machine;
+use axum::Router;
+use axum::extract::{ConnectInfo, Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use ipnet::IpNet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const TOKEN: &str = "x-aws-ec2-metadata-token";
+const TOKEN_TTL: &str = "x-aws-ec2-metadata-token-ttl-seconds";
+
+pub fn router() -> Router<Arc<App>> {
+    Router::new()
+        .route("/", get(versions))
+        .route("/latest/api/token", put(new_token))
+        .route("/{version}", get(version_index))
+        .route("/{version}/", get(version_index))
+        .route("/{version}/meta-data", get(meta_data_root))
+        .route("/{version}/meta-data/", get(meta_data_root))
+        .route("/{version}/meta-data/{*path}", get(meta_data))
+        .route("/{version}/dynamic", get(dynamic_root))
+        .route("/{version}/dynamic/", get(dynamic_root))
+        .route("/{version}/dynamic/{*path}", get(dynamic))
+        .route("/{version}/user-data", get(user_data))
+        .route("/{version}/vendor-data", get(vendor_data))
+        .route("/metadata", get(metadata))
+        .route("/cloud-init/meta-data", get(nocloud_meta))
+        .route("/cloud-init/user-data", get(nocloud_user))
+        .route("/cloud-init/vendor-data", get(nocloud_vendor))
+        .route("/cloud-init/network-config", get(nocloud_network))
+}
+
+/// The caller's address: the peer, unless the peer is a trusted proxy, in
+/// which case X-Forwarded-For is walked from the right to the first address
+/// that is not a trusted proxy.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
+    if !is_trusted(&peer) {
+        return peer;
+    }
+    let hops: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    let mut last = peer;
+    for hop in hops.iter().rev() {
+        match hop.parse::<IpAddr>() {
+            Ok(ip) if is_trusted(&ip) => last = ip,
+            Ok(ip) => return ip,
+            // Garbage in the chain: stop at the last address we can vouch for.
+            Err(_) => return last,
+        }
+    }
+    last
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn text(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
+fn reject(app: &App, code: StatusCode, why: String) -> Response {
+    app.metrics.metadata(code.as_u16());
+    tracing::debug!(%why, "metadata: refused");
+    (code, format!("{why}\n")).into_response()
+}
+
+/// Identify the caller and check its IMDSv2 token, if any (required when
+/// `metadata.require_token`).
+fn caller(
+    app: &App,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+) -> Result<(IpAddr, Arc<Machine>), Response> {
+    let ip = client_ip(peer.ip(), headers, &app.config.metadata.trusted_proxies);
+    match headers.get(TOKEN).map(|t| t.to_str().unwrap_or("")) {
+        Some(t) => {
+            if let Err(e) = app.tokens.check(t, ip, now()) {
+                return Err(reject(
+                    app,
+                    StatusCode::UNAUTHORIZED,
+                    format!("IMDSv2 token refused: {e:?}"),
+                ));
+            }
+        }
+        None if app.config.metadata.require_token => {
+            return Err(reject(
+                app,
+                StatusCode::UNAUTHORIZED,
+                "a token is required: PUT /latest/api/token first".into(),
+            ));
+        }
+        None => {}
+    }
+    match app.inventory.snapshot().by_ip(&ip) {
+        Some(m) => Ok((ip, m.clone())),
+        None => Err(reject(
+            app,
+            StatusCode::NOT_FOUND,
+            format!("no Hardware has IP {ip}"),
+        )),
+    }
+}
+
+fn is_version(v: &str) -> bool {
+    VERSIONS.contains(&v)
+        || (v.len() == 10
+            && v.bytes().enumerate().all(|(i, b)| {
+                if i == 4 || i == 7 {
+                    b == b'-'
+                } else {
+                    b.is_ascii_digit()
+                }
+            }))
+}
+
+fn record(app: &App, m: &Machine, ip: IpAddr, what: &str) {
+    app.events.record(
+        Event::new("metadata.read", format!("metadata read: {what}"))
+            .machine(m.key.clone())
+            .ip(ip),
+    );
+}
+
+fn ok(app: &App, body: String) -> Response {
+    app.metrics.metadata(200);
+    text(body)
+}
+
+async fn versions(State(app): State<Arc<App>>) -> Response {
+    ok(&app, VERSIONS.join("\n"))
+}
+
+async fn new_token(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Response {
+    let trusted = &app.config.metadata.trusted_proxies;
+    // As AWS: a token request relayed by an unknown proxy is refused.
+    if headers.contains_key("x-forwarded-for") && !trusted.iter().any(|n| n.contains(&peer.ip())) {
+        return reject(
+            &app,
+            StatusCode::FORBIDDEN,
+            "X-Forwarded-For from an untrusted peer".into(),
+        );
+    }
+    let ttl = headers
+        .get(TOKEN_TTL)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let ttl = match ttl {
+        Some(t) if (1..=super::token::MAX_TTL).contains(&t) => t,
+        _ => {
+            return reject(
+                &app,
+                StatusCode::BAD_REQUEST,
+                format!("{TOKEN_TTL} must be 1-{}", super::token::MAX_TTL),
+            );
+        }
+    };
+    let ip = client_ip(peer.ip(), &headers, trusted);
+    if app.inventory.snapshot().by_ip(&ip).is_none() {
+        return reject(
+            &app,
+            StatusCode::NOT_FOUND,
+            format!("no Hardware has IP {ip}"),
+        );
+    }
+    app.metrics.metadata(200);
+    (
+        [(TOKEN_TTL, ttl.to_string())],
+        app.tokens.issue(ip, now(), ttl),
+    )
+        .into_response()
+}
+
+async fn version_index(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path(version): Path<String>,
+) -> Response {
+    if !is_version(&version) {
+        return reject(
+            &app,
+            StatusCode::NOT_FOUND,
+            format!("no API version {version:?}"),
+        );
+    }
+    let (_, m) = match caller(&app, peer, &headers) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let mut items = vec!["dynamic/", "meta-data/"];
+    if m.spec.user_data.is_some() {
+        items.push("user-data");
+    }
+    if m.spec.vendor_data.is_some() {
+        items.push("vendor-data");
+    }
+    ok(&app, items.join("\n"))
+}
+
+async fn meta_data_root(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path(version): Path<String>,
+) -> Response {
+    serve_meta(&app, peer, &headers, &version, "")
+}
+
+async fn meta_data(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path((version, path)): Path<(String, String)>,
+) -> Response {
+    serve_meta(&app, peer, &headers, &version, &path)
+}
+
+fn serve_meta(
+    app: &App,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    version: &str,
+    path: &str,
+) -> Response {
+    if !is_version(version) {
+        return reject(
+            app,
+            StatusCode::NOT_FOUND,
+            format!("no API version {version:?}"),
+        );
+    }
+    let (ip, m) = match caller(app, peer, headers) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    match ec2_get(&m, ip, path) {
+        Some(body) => {
+            if path.trim_matches('/') == "instance-id" {
+                record(app, &m, ip, "instance-id");
+            }
+            ok(app, body)
+        }
+        None => reject(app, StatusCode::NOT_FOUND, format!("no meta-data/{path}")),
+    }
+}
+
+async fn dynamic_root(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path(version): Path<String>,
+) -> Response {
+    serve_dynamic(&app, peer, &headers, &version, "")
+}
+
+async fn dynamic(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path((version, path)): Path<(String, String)>,
+) -> Response {
+    serve_dynamic(&app, peer, &headers, &version, &path)
+}
+
+fn serve_dynamic(
+    app: &App,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    version: &str,
+    path: &str,
+) -> Response {
+    if !is_version(version) {
+        return reject(
+            app,
+            StatusCode::NOT_FOUND,
+            format!("no API version {version:?}"),
+        );
+    }
+    let (ip, m) = match caller(app, peer, headers) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    match super::dynamic(&m, ip).get(path) {
+        Some(n) => ok(app, n.render()),
+        None => reject(app, StatusCode::NOT_FOUND, format!("no dynamic/{path}")),
+    }
+}
+
+/// EC2 answers 404 when there is no user data; NoCloud wants every file
+/// (a missing one costs cloud-init ~10 s of retries), so it gets an empty one.
+fn data(app: &App, peer: SocketAddr, headers: &HeaderMap, which: &str, nocloud: bool) -> Response {
+    let (ip, m) = match caller(app, peer, headers) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let value = match which {
+        "user-data" => m.spec.user_data.clone(),
+        _ => m.spec.vendor_data.clone(),
+    };
+    match value {
+        Some(v) => {
+            record(app, &m, ip, which);
+            ok(app, v)
+        }
+        None if nocloud => ok(app, String::new()),
+        None => reject(
+            app,
+            StatusCode::NOT_FOUND,
+            format!("Hardware {} has no {which}", m.key),
+        ),
+    }
+}
+
+async fn user_data(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path(version): Path<String>,
+) -> Response {
+    if !is_version(&version) {
+        return reject(
+            &app,
+            StatusCode::NOT_FOUND,
+            format!("no API version {version:?}"),
+        );
+    }
+    data(&app, peer, &headers, "user-data", false)
+}
+
+async fn vendor_data(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path(version): Path<String>,
+) -> Response {
+    if !is_version(&version) {
+        return reject(
+            &app,
+            StatusCode::NOT_FOUND,
+            format!("no API version {version:?}"),
+        );
+    }
+    data(&app, peer, &headers, "vendor-data", false)
+}
+
+async fn metadata(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Response {
+    let (ip, m) = match caller(&app, peer, &headers) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    record(&app, &m, ip, "/metadata");
+    app.metrics.metadata(200);
+    axum::Json(metadata_json(&m, ip)).into_response()
+}
+
+async fn nocloud_meta(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Response {
+    let (ip, m) = match caller(&app, peer, &headers) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    record(
+        &app,
+        &m,
+        ip,
+        &format!("NoCloud meta-data (instance-id {})", instance_id(&m)),
+    );
+    ok(&app, nocloud_meta_data(&m, ip))
+}
+
+async fn nocloud_user(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Response {
+    data(&app, peer, &headers, "user-data", true)
+}
+
+async fn nocloud_vendor(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Response {
+    data(&app, peer, &headers, "vendor-data", true)
+}
+
+async fn nocloud_network(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Response {
+    let (ip, m) = match caller(&app, peer, &headers) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    record(&app, &m, ip, "NoCloud network-config");
+    ok(&app, nocloud_network_config(&m))
+}
