@@ -92,7 +92,7 @@ fn caller(
     app: &App,
     peer: SocketAddr,
     headers: &HeaderMap,
-) -> Result<(IpAddr, Arc<Machine>), Response> {
+) -> Result<(IpAddr, Arc<Machine>), Box<Response>> {
     let ip = client_ip(peer.ip(), headers, &app.config.metadata.trusted_proxies);
     match headers.get(TOKEN).map(|t| t.to_str().unwrap_or("")) {
         Some(t) => {
@@ -105,11 +105,11 @@ fn caller(
             }
         }
         None if app.config.metadata.require_token => {
-            return Err(reject(
+            return Err(Box::new(reject(
                 app,
                 StatusCode::UNAUTHORIZED,
                 "a token is required: PUT /latest/api/token first".into(),
-            ));
+            )));
         }
         None => {}
     }
@@ -211,7 +211,7 @@ async fn version_index(
     }
     let (_, m) = match caller(&app, peer, &headers) {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let mut items = vec!["dynamic/", "meta-data/"];
     if m.spec.user_data.is_some() {
@@ -257,7 +257,7 @@ fn serve_meta(
     }
     let (ip, m) = match caller(app, peer, headers) {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match ec2_get(&m, ip, path) {
         Some(body) => {
@@ -304,7 +304,7 @@ fn serve_dynamic(
     }
     let (ip, m) = match caller(app, peer, headers) {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match super::dynamic(&m, ip).get(path) {
         Some(n) => ok(app, n.render()),
@@ -317,7 +317,7 @@ fn serve_dynamic(
 fn data(app: &App, peer: SocketAddr, headers: &HeaderMap, which: &str, nocloud: bool) -> Response {
     let (ip, m) = match caller(app, peer, headers) {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let value = match which {
         "user-data" => m.spec.user_data.clone(),
@@ -376,7 +376,7 @@ async fn metadata(
 ) -> Response {
     let (ip, m) = match caller(&app, peer, &headers) {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     record(&app, &m, ip, "/metadata");
     app.metrics.metadata(200);
@@ -390,7 +390,7 @@ async fn nocloud_meta(
 ) -> Response {
     let (ip, m) = match caller(&app, peer, &headers) {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     record(
         &app,
@@ -424,7 +424,7 @@ async fn nocloud_network(
 ) -> Response {
     let (ip, m) = match caller(&app, peer, &headers) {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     record(&app, &m, ip, "NoCloud network-config");
     ok(&app, nocloud_network_config(&m))
