@@ -86,6 +86,10 @@ fn reject(app: &App, code: StatusCode, why: String) -> Response {
     (code, format!("{why}\n")).into_response()
 }
 
+fn refuse(app: &App, code: StatusCode, why: String) -> Box<Response> {
+    Box::new(reject(app, code, why))
+}
+
 /// Identify the caller and check its IMDSv2 token, if any (required when
 /// `metadata.require_token`).
 fn caller(
@@ -97,7 +101,7 @@ fn caller(
     match headers.get(TOKEN).map(|t| t.to_str().unwrap_or("")) {
         Some(t) => {
             if let Err(e) = app.tokens.check(t, ip, now()) {
-                return Err(reject(
+                return Err(refuse(
                     app,
                     StatusCode::UNAUTHORIZED,
                     format!("IMDSv2 token refused: {e:?}"),
@@ -105,17 +109,17 @@ fn caller(
             }
         }
         None if app.config.metadata.require_token => {
-            return Err(Box::new(reject(
+            return Err(refuse(
                 app,
                 StatusCode::UNAUTHORIZED,
                 "a token is required: PUT /latest/api/token first".into(),
-            )));
+            ));
         }
         None => {}
     }
     match app.inventory.snapshot().by_ip(&ip) {
         Some(m) => Ok((ip, m.clone())),
-        None => Err(reject(
+        None => Err(refuse(
             app,
             StatusCode::NOT_FOUND,
             format!("no Hardware has IP {ip}"),
