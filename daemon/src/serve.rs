@@ -29,11 +29,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let store = Store::open(&config.db_path())
         .await
         .with_context(|| format!("opening {}", config.db_path().display()))?;
-    let hardware = store.load_all().await?;
-    let n = hardware.len();
-    let inventory = Arc::new(Inventory::new(Snapshot::build(
-        hardware.into_iter().map(|h| h.machine),
-    )));
+    let machines = store.load_machines().await?;
+    let n = machines.len();
+    let inventory = Arc::new(Inventory::new(Snapshot::build(machines)));
     tracing::info!(
         hardware = n,
         elapsed_ms = started.elapsed().as_millis() as u64,

@@ -100,6 +100,7 @@ fn run(mut cmd: Command, limit: Duration) -> Ran {
     }
 }
 
+#[track_caller]
 fn run_ok(cmd: Command, limit: Duration) -> Ran {
     let what = format!("{cmd:?}");
     let r = run(cmd, limit);
@@ -391,6 +392,7 @@ fn events_json(d: &Daemon, name: &str) -> Vec<Value> {
 
 /// The machine's events once every kind in `kinds` is there (events are
 /// written in batches: poll, at most 10 s).
+#[track_caller]
 fn wait_events(d: &Daemon, name: &str, kinds: &[&str]) -> Vec<Value> {
     let mut last = vec![];
     let found = poll(Duration::from_secs(10), || {
@@ -400,24 +402,28 @@ fn wait_events(d: &Daemon, name: &str, kinds: &[&str]) -> Vec<Value> {
             .all(|k| last.iter().any(|e| e["kind"] == *k))
             .then(|| last.clone())
     });
-    found.unwrap_or_else(|| {
-        panic!(
+    match found {
+        Some(ev) => ev,
+        None => panic!(
             "events of {name}: want {kinds:?}, have {:#}\ndaemon log:\n{}",
             Value::Array(last),
             d.log()
-        )
-    })
+        ),
+    }
 }
 
 /// A counter's value once it reaches `at_least` (the reply counter moves
 /// just after the packet leaves; poll, at most 10 s).
+#[track_caller]
 fn wait_metric(d: &Daemon, series: &str, at_least: f64) -> f64 {
     let mut v = 0.0;
-    poll(Duration::from_secs(10), || {
+    match poll(Duration::from_secs(10), || {
         v = d.metric(series);
         (v >= at_least).then_some(v)
-    })
-    .unwrap_or_else(|| panic!("{series} = {v}, want >= {at_least}"))
+    }) {
+        Some(v) => v,
+        None => panic!("{series} = {v}, want >= {at_least}"),
+    }
 }
 
 fn requests(kind: &str, mode: &str) -> String {
@@ -437,10 +443,18 @@ const REPLY_SECONDS_COUNT: &str = "tinkerbox_dhcp_reply_seconds_count";
 // ---------------------------------------------------------------------------
 // Clients.
 
-/// `key=value` lines (an environment dump) as a map.
-fn env_map(text: &str) -> std::collections::HashMap<String, String> {
+/// The variables a DHCP client hook got (lower-case names: `ip`, `opt58`,
+/// `new_ip_address`...), from an `env` dump; the inherited ones are left out.
+fn hook_env(path: &Path) -> std::collections::BTreeMap<String, String> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e} (the hook did not run)", path.display()));
     text.lines()
         .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| {
+            k.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                && k != &"_"
+        })
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
 }
@@ -465,7 +479,8 @@ fn udhcpc(ns: &str, script: &Path, tries: u32, extra: &[&str]) -> Ran {
 
 /// A DHCP client for hand-built packets: sends one BOOTP/DHCP message and
 /// prints, as JSON, the replies with its xid and chaddr that arrive within
-/// `wait` seconds (stopping after `count`). The spec (argv[1], JSON):
+/// `wait` seconds (stopping after `count`), each with the address it was
+/// sent to (`dst`, from IP_PKTINFO). The spec (argv[1], JSON):
 /// mac, type, xid, iface (SO_BINDTODEVICE), bind_ip/bind_port, to_ip/to_port,
 /// broadcast, ciaddr, giaddr, hops, options [[code, hex]...], wait, count.
 const PY_CLIENT: &str = r#"
@@ -493,6 +508,7 @@ s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
 if spec.get("iface"):
     s.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_BINDTODEVICE", 25),
                  spec["iface"].encode())
+s.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_PKTINFO", 8), 1)
 s.bind((spec.get("bind_ip", "0.0.0.0"), spec.get("bind_port", 68)))
 s.sendto(pkt, (spec["to_ip"], spec["to_port"]))
 
@@ -505,9 +521,11 @@ while len(replies) < spec.get("count", 1):
         break
     s.settimeout(left)
     try:
-        data, src = s.recvfrom(4096)
+        data, anc, _, src = s.recvmsg(4096, socket.CMSG_SPACE(12))
     except socket.timeout:
         break
+    # struct in_pktinfo: ifindex, local address, header destination address
+    dst = [socket.inet_ntoa(d[8:12]) for _, _, d in anc if len(d) >= 12]
     if (len(data) < 240 or data[0] != 2 or data[236:240] != b"\x63\x82\x53\x63"
             or struct.unpack("!I", data[4:8])[0] != xid or data[28:34] != mac):
         continue
@@ -520,7 +538,8 @@ while len(replies) < spec.get("count", 1):
         opts[str(code)] = opts.get(str(code), "") + data[i + 2:i + 2 + n].hex()
         i += 2 + n
     replies.append({
-        "src": "%s:%d" % src, "len": len(data), "hops": data[3],
+        "src": "%s:%d" % src, "dst": dst[0] if dst else None,
+        "len": len(data), "hops": data[3],
         "flags": struct.unpack("!H", data[10:12])[0],
         "ciaddr": socket.inet_ntoa(data[12:16]),
         "yiaddr": socket.inet_ntoa(data[16:20]),
@@ -539,6 +558,7 @@ fn next_xid() -> u32 {
 
 /// Send one packet from namespace `ns` with the python client (the spec's
 /// xid is filled in); the replies it collected.
+#[track_caller]
 fn py_dhcp(ns: &str, mut spec: Value) -> Vec<Value> {
     spec["xid"] = json!(next_xid());
     let wait = spec["wait"].as_f64().unwrap_or(3.0);
@@ -600,7 +620,7 @@ fn udhcpc_gets_the_reservation() {
 
     let r = udhcpc(&client, &script, 5, &[]);
     assert!(r.ok(), "udhcpc: {}\ndaemon log:\n{}", r.describe(), d.log());
-    let env = env_map(&std::fs::read_to_string(lab.path("udhcpc.bound.env")).unwrap());
+    let env = hook_env(&lab.path("udhcpc.bound.env"));
     for (key, want) in [
         ("ip", "10.99.0.21"),
         ("subnet", "255.255.255.0"),
@@ -659,10 +679,14 @@ fn dhclient_gets_the_reservation() {
     let hook = lab.script(
         "dhclient.sh",
         &format!(
-            "#!/bin/sh\nenv > \"{}/dhclient.$reason.env\"\ncase \"$reason\" in\n\
-             BOUND|RENEW|REBIND|REBOOT) ip addr add \"$new_ip_address/$new_subnet_mask\" dev \"$interface\" ;;\n\
-             RELEASE|STOP|EXPIRE|FAIL) ip addr flush dev \"$interface\" ;;\nesac\nexit 0\n",
-            lab.dir.path().display()
+            r#"#!/bin/sh
+env > "{dir}/dhclient.$reason.env"
+case "$reason" in
+BOUND|RENEW|REBIND|REBOOT) ip addr add "$new_ip_address/$new_subnet_mask" dev "$interface" ;;
+RELEASE|STOP|EXPIRE|FAIL) ip addr flush dev "$interface" ;;
+esac
+"#,
+            dir = lab.dir.path().display()
         ),
     );
     let (lease, pidfile) = (lab.path("dhclient.leases"), lab.path("dhclient.pid"));
@@ -783,9 +807,10 @@ fn unknown_mac_gets_nothing() {
     wait_metric(&d, REPLY_SECONDS_COUNT, 2.0);
 }
 
-/// RFC 2131 4.3.2 INIT-REBOOT: a REQUEST for another address gets a NAK
+/// RFC 2131 4.3.2: an INIT-REBOOT REQUEST for another address gets a NAK
 /// (broadcast), one for the reserved address an ACK, one naming another
-/// server is left alone.
+/// server is left alone; a RENEWING client (ciaddr, unicast) gets its ACK
+/// unicast.
 #[test]
 fn wrong_request_gets_nak() {
     const MAC: &str = "02:00:00:99:00:24";
@@ -809,6 +834,7 @@ fn wrong_request_gets_nak() {
     let nak = &r[0];
     assert_eq!(msg_type(nak), NAK, "{nak}");
     assert_eq!(nak["src"], "10.99.0.1:67", "{nak}");
+    assert_eq!(nak["dst"], "255.255.255.255", "{nak}");
     assert_eq!(server_id(nak), Some(SERVER.parse().unwrap()), "{nak}");
     assert_eq!(nak["yiaddr"], "0.0.0.0", "{nak}");
     assert_eq!(opt_of(nak, 51), None, "a NAK carries no lease: {nak}");
@@ -823,6 +849,7 @@ fn wrong_request_gets_nak() {
     let ack = &r[0];
     assert_eq!(msg_type(ack), ACK, "{ack}");
     assert_eq!(ack["yiaddr"], "10.99.0.24", "{ack}");
+    assert_eq!(ack["dst"], "255.255.255.255", "no address yet: {ack}");
     assert_eq!(
         opt_of(ack, 51),
         Some(1800u32.to_be_bytes().to_vec()),
@@ -840,10 +867,26 @@ fn wrong_request_gets_nak() {
     );
     assert!(r.is_empty(), "answered a REQUEST for another server: {r:?}");
 
+    // RENEWING: the client has the address and asks the server directly.
+    let mut c = in_ns(&client, "ip");
+    c.args(["addr", "add", "10.99.0.24/24", "dev", "eth0"]);
+    run_ok(c, Duration::from_secs(10));
+    let r = py_dhcp(
+        &client,
+        json!({
+            "mac": MAC, "type": REQUEST, "ciaddr": "10.99.0.24",
+            "bind_ip": "10.99.0.24", "to_ip": SERVER, "to_port": 67,
+        }),
+    );
+    assert_eq!(r.len(), 1, "{r:?}\ndaemon log:\n{}", d.log());
+    assert_eq!(msg_type(&r[0]), ACK, "{}", r[0]);
+    assert_eq!(r[0]["yiaddr"], "10.99.0.24", "{}", r[0]);
+    assert_eq!(r[0]["dst"], "10.99.0.24", "unicast to ciaddr: {}", r[0]);
+
     let mode = "reservation";
-    wait_metric(&d, &requests("request", mode), 3.0);
+    wait_metric(&d, &requests("request", mode), 4.0);
     wait_metric(&d, &replies("dhcp.nak", mode), 1.0);
-    wait_metric(&d, &replies("dhcp.ack", mode), 1.0);
+    wait_metric(&d, &replies("dhcp.ack", mode), 2.0);
     wait_metric(&d, &ignored("other_server"), 1.0);
     let ev = wait_events(&d, "m-nak", &["dhcp.nak", "dhcp.ack"]);
     let nak = ev.iter().find(|e| e["kind"] == "dhcp.nak").unwrap();
@@ -894,12 +937,15 @@ fn proxy_mode_beside_dnsmasq() {
         Duration::from_secs(10),
     );
 
-    let d = lab.tinkerbox("proxy");
+    let mut d = lab.tinkerbox("proxy");
     // The reservation must not be handed out in proxy mode.
     apply(&d, &lab, "m-prx", KNOWN, "10.99.0.25");
 
     // A PXE-looking udhcpc of an unknown machine: its lease is dnsmasq's,
-    // and tinkerbox counts the DISCOVER as unknown, unanswered.
+    // and tinkerbox counts the DISCOVER as unknown, unanswered. (udhcpc is
+    // no PXE client: it takes the first OFFER, and would take a proxy offer
+    // for a known MAC, with yiaddr 0.0.0.0, if it came first. Known MACs are
+    // the python client's below, which sees every OFFER.)
     let script = udhcpc_script(&lab);
     let r = udhcpc(&stranger, &script, 5, &["-V", PXE_CLASS]);
     assert!(
@@ -908,7 +954,7 @@ fn proxy_mode_beside_dnsmasq() {
         r.describe(),
         dnsmasq.log()
     );
-    let env = env_map(&std::fs::read_to_string(lab.path("udhcpc.bound.env")).unwrap());
+    let env = hook_env(&lab.path("udhcpc.bound.env"));
     assert_eq!(env["serverid"], "10.99.0.2", "{env:?}");
     let ip: Ipv4Addr = env["ip"].parse().unwrap();
     assert!(
@@ -954,6 +1000,7 @@ fn proxy_mode_beside_dnsmasq() {
         "a proxy offers no address: {ours}"
     );
     assert_eq!(ours["siaddr"], SERVER, "{ours}");
+    assert_eq!(ours["dst"], "255.255.255.255", "{ours}");
     assert_eq!(ours["file"], "undionly.kpxe", "{ours}");
     assert_eq!(opt_of(ours, 60), Some(b"PXEClient".to_vec()), "{ours}");
     assert_eq!(opt_of(ours, 43), Some(vec![6, 1, 8, 255]), "{ours}");
@@ -982,6 +1029,7 @@ fn proxy_mode_beside_dnsmasq() {
     let ack = &acks[0];
     assert_eq!(msg_type(ack), ACK, "{ack}");
     assert_eq!(ack["src"], format!("{SERVER}:4011"), "{ack}");
+    assert_eq!(ack["dst"], leased.to_string(), "{ack}");
     assert_eq!(ack["yiaddr"], "0.0.0.0", "{ack}");
     assert_eq!(ack["file"], "undionly.kpxe", "{ack}");
     assert_eq!(opt_of(ack, 60), Some(b"PXEClient".to_vec()), "{ack}");
@@ -993,15 +1041,15 @@ fn proxy_mode_beside_dnsmasq() {
     assert_eq!(d.metric(&replies("dhcp.offer", mode)), 0.0);
     assert_eq!(d.metric(&replies("dhcp.ack", mode)), 0.0);
     let ev = wait_events(&d, "m-prx", &["dhcp.proxy_offer", "dhcp.proxy_ack"]);
-    assert!(
-        ev.iter()
-            .all(|e| !e["kind"].as_str().unwrap().starts_with("dhcp.")
-                || e["fields"]["boot_file"] == "undionly.kpxe"),
-        "{ev:#?}"
-    );
+    for e in ev
+        .iter()
+        .filter(|e| e["kind"].as_str().unwrap().starts_with("dhcp."))
+    {
+        assert_eq!(e["fields"]["boot_file"], "undionly.kpxe", "{e:#}");
+        assert_eq!(e["fields"]["mode"], "proxy", "{e:#}");
+    }
 
     // auto-proxy: the same stranger now gets a proxy offer.
-    let mut d = d;
     assert!(d.stop().success(), "{}", d.log());
     let d = lab.tinkerbox("auto-proxy");
     let offers = py_dhcp(
@@ -1027,7 +1075,7 @@ fn proxy_mode_beside_dnsmasq() {
         "{offers:#?}"
     );
     wait_metric(&d, &replies("dhcp.proxy_offer", "auto-proxy"), 1.0);
-    drop(dnsmasq);
+    wait_metric(&d, &requests("discover", "auto-proxy"), 1.0);
 }
 
 /// A relay agent (RFC 1542 / RFC 3046) at 10.99.0.254: the OFFER and ACK go
@@ -1063,6 +1111,7 @@ fn relayed_discover_answered_to_giaddr() {
     let offer = &r[0];
     assert_eq!(msg_type(offer), OFFER, "{offer}");
     assert_eq!(offer["src"], "10.99.0.1:67", "{offer}");
+    assert_eq!(offer["dst"], RELAY, "{offer}");
     assert_eq!(offer["yiaddr"], "10.99.0.26", "{offer}");
     assert_eq!(offer["giaddr"], RELAY, "{offer}");
     assert_eq!(opt_of(offer, 82), Some(option82.clone()), "{offer}");

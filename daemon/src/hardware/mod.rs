@@ -280,8 +280,14 @@ pub fn validate(mut doc: Value) -> Result<Hardware, FieldError> {
         }
     }
 
-    // Store the normalised MACs in the document too, so that what reads
-    // back is what the indexes hold.
+    // Store the normalised MACs in the typed view and the document too, so
+    // that what reads back is what the indexes hold.
+    let mut spec = spec;
+    for d in spec.interfaces.iter_mut().filter_map(|i| i.dhcp.as_mut()) {
+        if let Some(mac) = d.mac.as_deref().and_then(|m| m.parse::<Mac>().ok()) {
+            d.mac = Some(mac.to_string());
+        }
+    }
     if let Some(Value::Array(ifaces)) = doc.pointer_mut("/spec/interfaces") {
         for iface in ifaces {
             if let Some(Value::String(m)) = iface.pointer_mut("/dhcp/mac")
@@ -300,6 +306,43 @@ pub fn validate(mut doc: Value) -> Result<Hardware, FieldError> {
             macs,
             ips,
         },
+    })
+}
+
+/// A stored document (validated when it was applied) straight into its
+/// machine view, without building a JSON tree first: the start-up path,
+/// where 100,000 documents must load in well under a second.
+pub fn machine_from_stored(key: Key, text: &str) -> Result<Machine, String> {
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        #[serde(default)]
+        spec: Option<HardwareSpec>,
+    }
+    let st: Stored = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let spec = st.spec.unwrap_or_default();
+    let mut macs = Vec::new();
+    let mut ips = Vec::new();
+    for d in spec.interfaces.iter().filter_map(|i| i.dhcp.as_ref()) {
+        if let Some(mac) = d.mac.as_deref().and_then(|m| m.parse::<Mac>().ok())
+            && !macs.contains(&mac)
+        {
+            macs.push(mac);
+        }
+        let ip =
+            d.ip.as_ref()
+                .and_then(|ip| non_empty(&ip.address))
+                .and_then(|a| a.parse::<IpAddr>().ok());
+        if let Some(ip) = ip
+            && !ips.contains(&ip)
+        {
+            ips.push(ip);
+        }
+    }
+    Ok(Machine {
+        key,
+        spec,
+        macs,
+        ips,
     })
 }
 
@@ -464,6 +507,19 @@ mod tests {
         d["metadata"] = json!({});
         assert_eq!(validate(d).unwrap_err().field, "metadata.name");
         assert_eq!(validate(json!("x")).unwrap_err().field, "");
+    }
+
+    #[test]
+    fn stored_documents_load_to_the_same_machine() {
+        let doc = hw(json!({"interfaces": [
+            {"dhcp": {"mac": "52-54-00-AA-BB-CC", "ip": {"address": "10.0.0.5", "netmask": "255.255.255.0"},
+                      "name_servers": ["1.1.1.1"]}, "netboot": {"allowPXE": true}},
+            {"dhcp": {"mac": "52:54:00:aa:bb:cd", "ip": {"address": "10.0.0.5"}}, "extra": 1}],
+            "metadata": {"instance": {"id": "i-1", "storage": {"disks": [{"device": "/dev/sda"}]}}},
+            "userData": "#cloud-config\n", "unknown": {"x": [1]}}));
+        let h = validate(doc).unwrap();
+        let loaded = machine_from_stored(h.machine.key.clone(), &h.doc.to_string()).unwrap();
+        assert_eq!(loaded, h.machine);
     }
 
     #[test]

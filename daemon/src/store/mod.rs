@@ -4,7 +4,7 @@
 //! the [`crate::inventory`] is rebuilt from it.
 
 use crate::events::Event;
-use crate::hardware::{self, Hardware, Key};
+use crate::hardware::{self, Hardware, Key, Machine};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::Row;
@@ -100,19 +100,19 @@ impl Store {
         Ok(Store { pool })
     }
 
-    /// Every stored Hardware, validated again (for building the inventory).
-    pub async fn load_all(&self) -> Result<Vec<Hardware>, StoreError> {
-        let rows = sqlx::query("SELECT namespace, name, doc FROM hardware ORDER BY id")
-            .fetch_all(&self.pool)
-            .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
+    /// Every stored Hardware as the inventory holds it, streamed row by row
+    /// so that start-up never holds all documents at once.
+    pub async fn load_machines(&self) -> Result<Vec<Machine>, StoreError> {
+        use futures_lite::StreamExt;
+        let mut rows =
+            sqlx::query("SELECT namespace, name, doc FROM hardware ORDER BY id").fetch(&self.pool);
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().await {
+            let r = r?;
             let key = Key::new(r.get::<String, _>(0), r.get::<String, _>(1));
-            let doc: Value = serde_json::from_str(r.get::<&str, _>(2))
-                .map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))?;
-            let hw = hardware::validate(doc)
-                .map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))?;
-            out.push(hw);
+            let m = hardware::machine_from_stored(key.clone(), r.get::<&str, _>(2))
+                .map_err(|e| StoreError::Corrupt(key, e))?;
+            out.push(m);
         }
         Ok(out)
     }
