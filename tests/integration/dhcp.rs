@@ -307,10 +307,45 @@ impl Lab {
         p
     }
 
+    /// A second way out of the lab namespace, as on a host whose management
+    /// NIC holds the default route: a veth `up0` (not on br0) with `cidr`,
+    /// into a namespace `ROLE-TAG-PID` holding `gateway`, the default route.
+    fn uplink(&mut self, role: &str, cidr: &str, gateway: &str) {
+        let ns = format!("{role}-{}-{}", self.tag, std::process::id());
+        self.clients.push(ns.clone());
+        let prefix = cidr.split_once('/').unwrap().1;
+        let gw_cidr = format!("{gateway}/{prefix}");
+        let (lab, up) = (self.ns.as_str(), ns.as_str());
+        for args in [
+            &["netns", "add", up][..],
+            &[
+                "-n", lab, "link", "add", "up0", "type", "veth", "peer", "name", "eth0", "netns",
+                up,
+            ],
+            &["-n", lab, "addr", "add", cidr, "dev", "up0"],
+            &["-n", up, "addr", "add", &gw_cidr, "dev", "eth0"],
+            &["-n", lab, "link", "set", "up0", "up"],
+            &["-n", up, "link", "set", "eth0", "up"],
+            &["-n", lab, "route", "add", "default", "via", gateway],
+        ] {
+            let mut c = Command::new("ip");
+            c.args(args);
+            run_ok(c, Duration::from_secs(10));
+        }
+    }
+
     /// tinkerbox in the lab namespace, DHCP on br0 in `mode`.
     fn tinkerbox(&self, mode: &str) -> Daemon {
+        self.tinkerbox_on(mode, Some("br0"))
+    }
+
+    /// tinkerbox in the lab namespace; `[dhcp] interface` unset when None.
+    fn tinkerbox_on(&self, mode: &str, interface: Option<&str>) -> Daemon {
+        let interface = interface
+            .map(|i| format!("interface = \"{i}\"\n"))
+            .unwrap_or_default();
         let boot = format!(
-            "[dhcp]\nmode = \"{mode}\"\nlisten = \"0.0.0.0:67\"\ninterface = \"br0\"\n\
+            "[dhcp]\nmode = \"{mode}\"\nlisten = \"0.0.0.0:67\"\n{interface}\
              [tftp]\nenabled = false\n[syslog]\nenabled = false\n"
         );
         // common.rs's health wait connects to the API address from the test
@@ -1149,4 +1184,35 @@ fn relayed_discover_answered_to_giaddr() {
     wait_metric(&d, &replies("dhcp.offer", mode), 1.0);
     wait_metric(&d, &replies("dhcp.ack", mode), 1.0);
     wait_metric(&d, REPLY_SECONDS_COUNT, 2.0);
+}
+
+/// `[dhcp] interface` is optional (README: "serve only this interface"), so
+/// without it a host with two networks must still answer a DISCOVER on the
+/// network it came from. Here the lab namespace also has an uplink holding
+/// the default route: a broadcast OFFER sent by plain routing leaves through
+/// the uplink and the client never sees it (and with no default route at
+/// all, sendto fails with ENETUNREACH).
+#[test]
+fn broadcast_replies_leave_through_the_receiving_interface() {
+    const MAC: &str = "02:00:00:99:00:27";
+    let mut lab = Lab::new("mh");
+    let client = lab.client("cl", MAC, None);
+    lab.uplink("up", "192.168.77.1/24", "192.168.77.254");
+    let d = lab.tinkerbox_on("reservation", None);
+    apply(&d, &lab, "m-mh", MAC, "10.99.0.27");
+    let script = udhcpc_script(&lab);
+
+    let r = udhcpc(&client, &script, 3, &[]);
+    let sent = d.metric(&replies("dhcp.offer", "reservation"));
+    assert!(
+        r.ok(),
+        "no lease with [dhcp] interface unset ({sent} OFFERs counted as sent, \
+         {} send failures): {}",
+        d.metric(&ignored("send_failed")),
+        r.describe()
+    );
+    let env = hook_env(&lab.path("udhcpc.bound.env"));
+    assert_eq!(env["ip"], "10.99.0.27", "{env:?}");
+    assert_eq!(env["serverid"], SERVER, "{env:?}");
+    assert_eq!(d.metric(&ignored("send_failed")), 0.0);
 }
