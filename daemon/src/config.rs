@@ -314,6 +314,12 @@ impl Config {
         if self.events.queue == 0 {
             return bad("events.queue", "must be at least 1");
         }
+        if !self.dhcp.listen.is_ipv4() {
+            return bad(
+                "dhcp.listen",
+                "DHCPv4 needs an IPv4 address, e.g. 0.0.0.0:67",
+            );
+        }
         if !matches!(self.dhcp.efi_binary.as_str(), "ipxe.efi" | "snponly.efi") {
             return bad("dhcp.efi_binary", "must be \"ipxe.efi\" or \"snponly.efi\"");
         }

@@ -150,9 +150,8 @@ impl Daemon {
             if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
                 panic!("daemon exited early with {st}: {}", self.log());
             }
-            if std::net::TcpStream::connect(self.api).is_ok()
-                && self.curl(&["-sf", &self.url("/healthz")]).status.success()
-            {
+            // curl runs in the daemon's namespace, if it has one.
+            if self.curl(&["-sf", &self.url("/healthz")]).status.success() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(25));
@@ -267,7 +266,7 @@ impl Daemon {
         body: Option<(&str, &[u8])>,
         token: Option<&str>,
     ) -> (u16, Value) {
-        let mut cmd = Command::new("curl");
+        let mut cmd = self.command("curl");
         cmd.args([
             "--max-time",
             "20",

@@ -6,3 +6,4 @@ mod common;
 mod daemon;
 mod dhcp;
 mod hardware;
+mod metadata;

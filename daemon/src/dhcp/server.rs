@@ -7,18 +7,25 @@ use crate::events::{Event, EventSink};
 use crate::inventory::Inventory;
 use crate::metrics::Metrics;
 use dhcproto::v4::{DhcpOption, MessageType, OptionCode};
+use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, SockaddrIn, sockopt};
 use socket2::{Domain, Protocol, Socket, Type};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Instant;
+use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
-/// A UDP socket that may send broadcasts and share the port with another
-/// DHCP server's socket on the same host (proxy mode beside dnsmasq).
+/// A UDP socket that may send broadcasts, share the port with another DHCP
+/// server's socket on the same host (proxy mode beside dnsmasq), and learns
+/// each request's interface (IP_PKTINFO) so that broadcast replies leave
+/// through it, not through the default route's interface.
 pub fn bind(addr: SocketAddr, interface: Option<&str>) -> std::io::Result<UdpSocket> {
     let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     sock.set_reuse_address(true)?;
     sock.set_broadcast(true)?;
+    socket::setsockopt(&sock, sockopt::Ipv4PacketInfo, &true)?;
     if let Some(ifname) = interface {
         // Replies (broadcasts included) leave through this interface only.
         sock.bind_device(Some(ifname.as_bytes()))?;
@@ -41,26 +48,38 @@ impl Shell {
     pub async fn run(self: Arc<Self>, sock: UdpSocket, port: Port) {
         let mut buf = vec![0u8; 4096];
         loop {
-            let (n, src) = match sock.recv_from(&mut buf).await {
-                Ok(x) => x,
+            let d = match recv(&sock, &mut buf).await {
+                Ok(d) => d,
                 Err(e) => {
                     tracing::warn!(error = %e, "dhcp: receive failed");
                     continue;
                 }
             };
             let t0 = Instant::now();
-            self.handle(&sock, &buf[..n], src, port).await;
-            self.metrics
-                .dhcp_seconds
-                .observe(t0.elapsed().as_secs_f64());
+            if self
+                .handle(&sock, &buf[..d.len], d.src, d.ifindex, port)
+                .await
+            {
+                self.metrics
+                    .dhcp_seconds
+                    .observe(t0.elapsed().as_secs_f64());
+            }
         }
     }
 
-    async fn handle(&self, sock: &UdpSocket, data: &[u8], src: SocketAddr, port: Port) {
+    /// True when a reply was sent.
+    async fn handle(
+        &self,
+        sock: &UdpSocket,
+        data: &[u8],
+        src: SocketAddr,
+        ifindex: Option<i32>,
+        port: Port,
+    ) -> bool {
         let Some(req) = super::decode(data) else {
             self.metrics.dhcp_ignored("malformed");
             tracing::debug!(%src, len = data.len(), "dhcp: malformed packet");
-            return;
+            return false;
         };
         let req_type = match req.opts().get(OptionCode::MessageType) {
             Some(DhcpOption::MessageType(t)) => type_name(*t),
@@ -73,6 +92,7 @@ impl Shell {
             Outcome::Ignore(why) => {
                 self.metrics.dhcp_ignored(why);
                 tracing::debug!(%src, reason = why, "dhcp: not answered");
+                false
             }
             Outcome::Note {
                 kind,
@@ -82,28 +102,37 @@ impl Shell {
             } => {
                 self.events
                     .record(Event::new(kind, message).machine(machine).mac(mac));
+                false
             }
             Outcome::Reply(r) => {
                 let to = match r.dest {
-                    Dest::Broadcast => {
-                        SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::BROADCAST, super::CLIENT_PORT))
-                    }
-                    Dest::Relay(g) => SocketAddr::V4(SocketAddrV4::new(g, super::SERVER_PORT)),
-                    Dest::Client(c) => SocketAddr::V4(SocketAddrV4::new(c, super::CLIENT_PORT)),
-                    Dest::Source => src,
+                    Dest::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, super::CLIENT_PORT),
+                    Dest::Relay(g) => SocketAddrV4::new(g, super::SERVER_PORT),
+                    Dest::Client(c) => SocketAddrV4::new(c, super::CLIENT_PORT),
+                    Dest::Source => match src {
+                        SocketAddr::V4(a) => a,
+                        SocketAddr::V6(_) => return false,
+                    },
+                };
+                // Only a broadcast needs the interface named: unicast
+                // follows the routing table to the relay or the client.
+                let via = if r.dest == Dest::Broadcast {
+                    ifindex
+                } else {
+                    None
                 };
                 let bytes = match super::encode(&r.msg) {
                     Ok(b) => b,
                     Err(e) => {
                         self.metrics.dhcp_ignored("encode_failed");
                         tracing::error!(error = %e, mac = %r.mac, "dhcp: cannot encode reply");
-                        return;
+                        return false;
                     }
                 };
-                if let Err(e) = sock.send_to(&bytes, to).await {
+                if let Err(e) = send(sock, &bytes, to, via).await {
                     self.metrics.dhcp_ignored("send_failed");
                     tracing::warn!(error = %e, %to, "dhcp: send failed");
-                    return;
+                    return false;
                 }
                 self.metrics.dhcp_reply(r.kind, self.settings.mode.as_str());
                 let what = r.kind.trim_start_matches("dhcp.").to_uppercase();
@@ -112,11 +141,89 @@ impl Shell {
                     None => format!("DHCP {what} to {to}"),
                 };
                 let mut e = Event::new(r.kind, message).mac(r.mac).fields(r.fields);
+                if !r.msg.yiaddr().is_unspecified() {
+                    e = e.ip(std::net::IpAddr::V4(r.msg.yiaddr()));
+                }
                 if let Some(k) = r.machine {
                     e = e.machine(k);
                 }
                 self.events.record(e);
+                true
             }
+        }
+    }
+}
+
+/// A received datagram and the interface it came in on.
+struct Datagram {
+    len: usize,
+    src: SocketAddr,
+    ifindex: Option<i32>,
+}
+
+// tokio's UdpSocket has no recvmsg/sendmsg with control messages; nix's
+// safe wrappers do, driven by tokio's readiness (try_io).
+async fn recv(sock: &UdpSocket, buf: &mut [u8]) -> io::Result<Datagram> {
+    let fd = sock.as_raw_fd();
+    loop {
+        sock.readable().await?;
+        let r = sock.try_io(Interest::READABLE, || {
+            let mut iov = [IoSliceMut::new(&mut *buf)];
+            let mut cmsg = nix::cmsg_space!(nix::libc::in_pktinfo);
+            let msg =
+                socket::recvmsg::<SockaddrIn>(fd, &mut iov, Some(&mut cmsg), MsgFlags::empty())?;
+            let mut ifindex = None;
+            for c in msg.cmsgs()? {
+                if let ControlMessageOwned::Ipv4PacketInfo(info) = c {
+                    ifindex = Some(info.ipi_ifindex);
+                }
+            }
+            let src = msg
+                .address
+                .map(|a| SocketAddr::V4(SocketAddrV4::new(a.ip(), a.port())))
+                .ok_or_else(|| io::Error::other("datagram without a source address"))?;
+            Ok(Datagram {
+                len: msg.bytes,
+                src,
+                ifindex,
+            })
+        });
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            other => return other,
+        }
+    }
+}
+
+async fn send(
+    sock: &UdpSocket,
+    bytes: &[u8],
+    to: SocketAddrV4,
+    ifindex: Option<i32>,
+) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    let dest = SockaddrIn::from(to);
+    let info = ifindex.map(|i| nix::libc::in_pktinfo {
+        ipi_ifindex: i,
+        ipi_spec_dst: nix::libc::in_addr { s_addr: 0 },
+        ipi_addr: nix::libc::in_addr { s_addr: 0 },
+    });
+    let cmsgs: Vec<ControlMessage> = info.iter().map(ControlMessage::Ipv4PacketInfo).collect();
+    loop {
+        sock.writable().await?;
+        let r = sock.try_io(Interest::WRITABLE, || {
+            socket::sendmsg(
+                fd,
+                &[IoSlice::new(bytes)],
+                &cmsgs,
+                MsgFlags::empty(),
+                Some(&dest),
+            )?;
+            Ok(())
+        });
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            other => return other,
         }
     }
 }

@@ -1,0 +1,1031 @@
+//! The metadata service as a booting machine sees it: `tinkerbox serve`
+//! inside a network namespace whose bridge br0 holds 10.99.0.1/24, clients
+//! in other namespaces on veths into br0 (tests/lab/lib.sh), and Debian's
+//! own cloud-init (22.4.2) driven by tests/metadata/cloudinit.py: its EC2
+//! and NoCloud datasources fetch and parse, the tests only check what
+//! cloud-init ended up with. curl covers the rest (IMDSv2 tokens, spoofing,
+//! trusted proxies, 404s).
+//!
+//! Needs root (namespaces) and the Debian packages iproute2, curl and
+//! cloud-init (tests/deps). Every lab is named after the test process's
+//! PID and torn down on drop, panics included; every wait is bounded.
+
+use crate::common::{Daemon, Setup};
+use serde_json::{Value, json};
+use std::fs::File;
+use std::io::{Read, Seek};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const LAB_LIB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/lab/lib.sh");
+const DRIVER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/metadata/cloudinit.py"
+);
+/// Debian's interpreter: cloud-init is a Debian package, not on PyPI.
+const PYTHON: &str = "/usr/bin/python3";
+
+const BRIDGE_CIDR: &str = "10.99.0.1/24";
+/// Fixed inside the lab namespace (nothing else listens there).
+const HTTP_LISTEN: &str = "0.0.0.0:7080";
+const URL: &str = "http://10.99.0.1:7080";
+
+const A_NAME: &str = "worker-a";
+const A_IP: &str = "10.99.0.21";
+const A_MAC: &str = "52:54:00:10:00:21";
+const A_ID: &str = "i-0a21c0ffee5eed001";
+const A_KEYS: [&str; 2] = [
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHq7ab1U4y0bq0n3XqzW6l6Hk1Zr ops@lab",
+    "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7vbqajDhA9ZfGZ4gC8p8l backup@lab",
+];
+/// Quotes of both kinds, a tab, a backslash, trailing blanks, a blank
+/// line, non-ASCII: it must come back byte for byte.
+const A_USER_DATA: &str = "#cloud-config\n\
+# worker-a: \"double\", 'single', tab:\t<-, backslash: \\ , café  \n\
+hostname: worker-a\n\
+\n\
+write_files:\n\
+  - path: /etc/motd\n\
+    content: \"Welcome to \\\"worker-a\\\"\\n\"\n\
+runcmd:\n\
+  - [sh, -c, 'printf \"%s\\t%s\\n\" \"it''s\" done']\n\
+  - \"echo \\\"tab:\there\\\"\"\n";
+const A_VENDOR_DATA: &str = "#cloud-config\nntp:\n  enabled: true\n  servers: [\"10.99.0.1\"]\n";
+
+const B_NAME: &str = "worker-b";
+const B_IP: &str = "10.99.0.22";
+const B_MAC: &str = "52:54:00:10:00:22";
+const B_ID: &str = "i-0b22b0bb1e5";
+const B_USER_DATA: &str = "#cloud-config\nhostname: worker-b\nruncmd:\n  - echo \"I am B\"\n";
+
+/// A trusted proxy's address, when a test trusts one.
+const PROXY_IP: &str = "10.99.0.5";
+const UNKNOWN_IP: &str = "10.99.0.99";
+
+// ---------------------------------------------------------------------------
+// Processes: every wait bounded, every process stopped by PID.
+
+/// A finished (or timed-out and killed) command.
+struct Ran {
+    status: Option<ExitStatus>,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Ran {
+    fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+
+    fn describe(&self) -> String {
+        let st = match self.status {
+            Some(s) => s.to_string(),
+            None => "killed after its time limit".into(),
+        };
+        format!(
+            "{st} after {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.took,
+            self.stdout,
+            tail(&self.stderr, 60)
+        )
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Run `cmd` for at most `limit`, then SIGKILL it by PID. Output goes to
+/// unnamed files, not pipes, so nothing it leaves behind can block us.
+fn run(mut cmd: Command, limit: Duration) -> Ran {
+    let mut out = tempfile::tempfile().unwrap();
+    let mut err = tempfile::tempfile().unwrap();
+    let what = format!("{cmd:?}");
+    let started = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(err.try_clone().unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = started.elapsed();
+    let read = |f: &mut File| {
+        let mut s = String::new();
+        f.rewind().unwrap();
+        f.read_to_string(&mut s).unwrap();
+        s
+    };
+    Ran {
+        status,
+        stdout: read(&mut out),
+        stderr: read(&mut err),
+        took,
+    }
+}
+
+#[track_caller]
+fn run_ok(cmd: Command, limit: Duration) -> Ran {
+    let what = format!("{cmd:?}");
+    let r = run(cmd, limit);
+    assert!(r.ok(), "{what}: {}", r.describe());
+    r
+}
+
+/// A command inside a namespace.
+fn in_ns(ns: &str, program: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, program]);
+    c
+}
+
+/// Poll `f` until it gives a value, for at most `limit`.
+fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The lab: namespaces from tests/lab/lib.sh, removed on drop.
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        == Some("0")
+}
+
+fn have(program: &str) -> bool {
+    let path = std::env::var("PATH").unwrap_or_default();
+    path.split(':')
+        .chain(["/usr/sbin", "/sbin"])
+        .any(|dir| Path::new(dir).join(program).is_file())
+}
+
+fn check_prerequisites() {
+    assert!(
+        is_root(),
+        "the metadata lab tests make network namespaces: run them as root"
+    );
+    for (program, package) in [("ip", "iproute2"), ("curl", "curl")] {
+        assert!(
+            have(program),
+            "{program} not found: apt-get install {package} (tests/deps)"
+        );
+    }
+    let mut c = Command::new(PYTHON);
+    c.args(["-c", "import cloudinit.sources.DataSourceEc2"]);
+    let r = run(c, Duration::from_secs(30));
+    assert!(
+        r.ok(),
+        "Debian's cloud-init is missing: apt-get install cloud-init (tests/deps)\n{}",
+        r.describe()
+    );
+}
+
+/// A function of tests/lab/lib.sh with its arguments.
+fn lab_sh(args: &[&str]) -> Ran {
+    let mut cmd = Command::new("bash");
+    cmd.args(["-c", ". \"$0\" && \"$@\"", LAB_LIB]).args(args);
+    run_ok(cmd, Duration::from_secs(60))
+}
+
+/// Namespace `tbmd-TAG-PID` with br0 = 10.99.0.1/24, plus client
+/// namespaces on veths into br0. Drop runs lab_down: every process left
+/// inside is killed and the namespaces are deleted.
+struct Lab {
+    ns: String,
+    clients: Vec<String>,
+    tag: String,
+    dir: tempfile::TempDir,
+}
+
+impl Lab {
+    fn new(tag: &str) -> Lab {
+        check_prerequisites();
+        let lab = Lab {
+            ns: format!("tbmd-{tag}-{}", std::process::id()),
+            clients: vec![],
+            tag: tag.to_string(),
+            dir: tempfile::tempdir().unwrap(),
+        };
+        // Built after the guard exists: a failing lab_up is cleaned up too.
+        lab_sh(&["lab_up", &lab.ns, BRIDGE_CIDR]);
+        lab
+    }
+
+    /// A namespace `ROLE-mdTAG-PID` whose eth0 (a veth into br0) has `mac`
+    /// and `ip`/24, able to reach the daemon. Roles must differ in their
+    /// first letter (lib.sh names the bridge end after 13 characters).
+    fn client(&mut self, role: &str, mac: &str, ip: &str) -> String {
+        let ns = format!("{role}-md{}-{}", self.tag, std::process::id());
+        self.clients.push(ns.clone());
+        lab_sh(&["lab_veth", &self.ns, &ns]);
+        for args in [
+            vec!["link", "set", "dev", "eth0", "address", mac],
+            vec!["addr", "add", &format!("{ip}/24"), "dev", "eth0"],
+        ] {
+            let mut c = in_ns(&ns, "ip");
+            c.args(&args);
+            run_ok(c, Duration::from_secs(10));
+        }
+        // The bridge port forwards at once (no STP), but be sure.
+        let reached = poll(Duration::from_secs(10), || {
+            (curl(&ns, &[&format!("{URL}/healthz")]).0 == 200).then_some(())
+        });
+        assert!(reached.is_some(), "{ns} cannot reach {URL}/healthz");
+        ns
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// tinkerbox in the lab namespace: HTTP on 0.0.0.0:7080, DHCP, TFTP and
+    /// syslog off, `metadata` lines inside `[metadata]`.
+    fn tinkerbox(&self, metadata: &str) -> Daemon {
+        self.tinkerbox_on(HTTP_LISTEN, metadata)
+    }
+
+    fn tinkerbox_on(&self, http_listen: &str, metadata: &str) -> Daemon {
+        let boot = format!(
+            "[dhcp]\nmode = \"off\"\n[tftp]\nenabled = false\n[syslog]\nenabled = false\n\
+             [metadata]\n{metadata}\n"
+        );
+        // common.rs's health wait connects to the API address from the test
+        // process, i.e. from the root namespace, before it curls /healthz
+        // inside the lab. Hold a probed port open on the host's loopback
+        // while the daemon starts and give the daemon that port in the lab
+        // (a fixed 7081 would collide between tests running in parallel).
+        let stand_in = TcpListener::bind("127.0.0.1:0").unwrap();
+        let api = stand_in.local_addr().unwrap().to_string();
+        let d = Daemon::start_setup(Setup {
+            top: "public_ip = \"10.99.0.1\"",
+            boot: &boot,
+            netns: Some(&self.ns),
+            http_listen: Some(http_listen),
+            api_listen: Some(&api),
+            ..Setup::default()
+        });
+        drop(stand_in);
+        d
+    }
+
+    /// The driver (tests/metadata/cloudinit.py) in namespace `ns`: what
+    /// cloud-init found, as JSON. Its log is kept in the lab's directory.
+    #[track_caller]
+    fn cloud_init(&self, ns: &str, args: &[&str]) -> Value {
+        let mut c = in_ns(ns, PYTHON);
+        c.arg(DRIVER).args(args);
+        let what = format!("cloudinit.py {}", args.join(" "));
+        let r = run(c, Duration::from_secs(90));
+        let log = self.path(&format!("cloudinit-{}.log", args[0]));
+        let _ = std::fs::write(&log, &r.stderr);
+        assert!(r.ok(), "{what} in {ns}: {}", r.describe());
+        let v: Value = serde_json::from_str(r.stdout.trim())
+            .unwrap_or_else(|e| panic!("{what}: not one JSON object ({e}): {}", r.describe()));
+        eprintln!(
+            "{what} in {ns}: get_data={} in {}s (process {:.2}s)",
+            v["get_data"],
+            v["seconds"],
+            r.took.as_secs_f64()
+        );
+        v
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let mut args = vec!["lab_down", self.ns.as_str()];
+        args.extend(self.clients.iter().map(String::as_str));
+        let mut cmd = Command::new("bash");
+        cmd.args(["-c", ". \"$0\" && \"$@\"", LAB_LIB]).args(&args);
+        let r = run(cmd, Duration::from_secs(60));
+        if !r.ok() {
+            eprintln!("lab_down {args:?}: {}", r.describe());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// HTTP from a client namespace.
+
+/// curl inside `ns`: (status, body). Status 0 when nothing answered.
+fn curl(ns: &str, args: &[&str]) -> (u16, String) {
+    let mut c = in_ns(ns, "curl");
+    c.args(["-sS", "--max-time", "10", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args);
+    let r = run(c, Duration::from_secs(20));
+    let (body, code) = r.stdout.rsplit_once('\n').unwrap_or(("", &r.stdout));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// GET `path` from `ns` with extra headers.
+fn get(ns: &str, path: &str, headers: &[&str]) -> (u16, String) {
+    let mut args: Vec<String> = vec![];
+    for h in headers {
+        args.extend(["-H".to_string(), h.to_string()]);
+    }
+    args.push(format!("{URL}{path}"));
+    curl(ns, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// `PUT /latest/api/token` from `ns`: (status, token or error body).
+fn put_token(ns: &str, headers: &[&str]) -> (u16, String) {
+    let mut args: Vec<String> = vec!["-X".into(), "PUT".into()];
+    for h in headers {
+        args.extend(["-H".to_string(), h.to_string()]);
+    }
+    args.push(format!("{URL}/latest/api/token"));
+    curl(ns, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+fn ttl(seconds: &str) -> String {
+    format!("X-aws-ec2-metadata-token-ttl-seconds: {seconds}")
+}
+
+fn with_token(token: &str) -> String {
+    format!("X-aws-ec2-metadata-token: {token}")
+}
+
+/// A token for the caller in `ns` (asserting 200).
+#[track_caller]
+fn token(ns: &str, seconds: &str, headers: &[&str]) -> String {
+    let mut h = vec![ttl(seconds)];
+    h.extend(headers.iter().map(|s| s.to_string()));
+    let (code, body) = put_token(ns, &h.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 200, "token PUT from {ns}: {body}");
+    assert!(!body.trim().is_empty());
+    body
+}
+
+// ---------------------------------------------------------------------------
+// Hardware, events, metrics.
+
+fn hardware(name: &str, mac: &str, ip: &str, instance: Value, spec: Value) -> Value {
+    let mut hw = json!({
+        "apiVersion": "tinkerbell.org/v1alpha1",
+        "kind": "Hardware",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "interfaces": [{
+                "dhcp": {
+                    "mac": mac,
+                    "hostname": format!("{name}-eno1"),
+                    "iface_name": "eno1",
+                    "arch": "x86_64",
+                    "lease_time": 86400,
+                    "ip": {"address": ip, "netmask": "255.255.255.0", "gateway": "10.99.0.1"},
+                    "name_servers": ["10.99.0.53", "10.99.0.54"],
+                    "domain_name": "lab.example",
+                },
+                "netboot": {"allowPXE": true, "allowWorkflow": true},
+            }],
+            "metadata": {
+                "facility": {"facility_code": "lab1", "plan_slug": "c3.small.x86"},
+                "instance": instance,
+            },
+        },
+    });
+    for (k, v) in spec.as_object().unwrap() {
+        hw["spec"][k] = v.clone();
+    }
+    hw
+}
+
+/// Hardware A: everything a real machine has.
+fn hardware_a() -> Value {
+    hardware(
+        A_NAME,
+        A_MAC,
+        A_IP,
+        json!({
+            "id": A_ID,
+            "hostname": A_NAME,
+            "tags": ["k8s", "worker"],
+            "ssh_keys": A_KEYS,
+            "operating_system": {"distro": "ubuntu", "version": "22.04", "os_slug": "ubuntu_22_04", "image_tag": "v1"},
+            "ips": [{"address": A_IP, "netmask": "255.255.255.0", "gateway": "10.99.0.1",
+                     "family": 4, "public": false, "management": true}],
+        }),
+        json!({"userData": A_USER_DATA, "vendorData": A_VENDOR_DATA}),
+    )
+}
+
+fn hardware_b() -> Value {
+    hardware(
+        B_NAME,
+        B_MAC,
+        B_IP,
+        json!({
+            "id": B_ID,
+            "hostname": B_NAME,
+            "ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBbBbBbB ops@lab"],
+        }),
+        json!({"userData": B_USER_DATA}),
+    )
+}
+
+/// `hardware apply` of these documents (as one JSON list).
+fn apply(d: &Daemon, lab: &Lab, docs: &[Value]) {
+    let f = lab.path("hardware.json");
+    std::fs::write(&f, serde_json::to_string_pretty(docs).unwrap()).unwrap();
+    d.cli_ok(&["hardware", "apply", "-f", f.to_str().unwrap()]);
+}
+
+fn metadata_requests(code: u16) -> String {
+    format!("tinkerbox_metadata_requests_total{{code=\"{code}\"}}")
+}
+
+fn events_json(d: &Daemon, name: &str) -> Vec<Value> {
+    let out = d.cli_ok(&["events", name, "-o", "json", "--limit", "1000"]);
+    serde_json::from_str::<Value>(&out)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn metadata_reads(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| e["kind"] == "metadata.read")
+        .cloned()
+        .collect()
+}
+
+/// Ways a client might claim another address (all A's, 10.99.0.21).
+const SPOOF_HEADERS: &[&[&str]] = &[
+    &["X-Forwarded-For: 10.99.0.21"],
+    &["X-Forwarded-For: 10.99.0.21, 10.99.0.21"],
+    &["X-Forwarded-For: 10.99.0.22, 10.99.0.21"],
+    &["X-Forwarded-For: 10.99.0.21", "X-Forwarded-For: 10.99.0.21"],
+    &["X-Forwarded-For: ::ffff:10.99.0.21"],
+    &["X-Real-IP: 10.99.0.21"],
+    &["Forwarded: for=10.99.0.21"],
+    &["X-Client-IP: 10.99.0.21", "True-Client-IP: 10.99.0.21"],
+    &[
+        "X-Originating-IP: 10.99.0.21",
+        "CF-Connecting-IP: 10.99.0.21",
+    ],
+    &["Client-IP: 10.99.0.21", "X-Cluster-Client-IP: 10.99.0.21"],
+    &["Host: 10.99.0.21"],
+];
+
+// ---------------------------------------------------------------------------
+
+#[test]
+fn cloud_init_ec2_finds_the_instance() {
+    let mut lab = Lab::new("ec2");
+    let d = lab.tinkerbox("");
+    apply(&d, &lab, &[hardware_a(), hardware_b()]);
+    let a = lab.client("a", A_MAC, A_IP);
+
+    // IMDSv1, as on any non-AWS platform.
+    let v = lab.cloud_init(&a, &["ec2", URL]);
+    assert_eq!(v["get_data"], true, "{v:#}");
+    assert_eq!(v["cloud_name"], "unknown");
+    assert_eq!(v["api_token"], Value::Null, "no IMDSv2 off AWS");
+    assert_eq!(v["metadata_address"], URL);
+    assert_eq!(v["instance_id"], A_ID);
+    assert_eq!(v["local_hostname"], A_NAME);
+    assert_eq!(v["public_keys"], json!(A_KEYS));
+    assert_eq!(v["userdata"], A_USER_DATA, "user-data must be byte-exact");
+    let md = &v["metadata"];
+    assert_eq!(md["instance-id"], A_ID);
+    assert_eq!(md["local-ipv4"], A_IP);
+    assert_eq!(md["mac"], A_MAC);
+    assert_eq!(md["tags"], json!(["k8s", "worker"]));
+    assert_eq!(md["placement"]["availability-zone"], "lab1");
+    assert_eq!(md["operating-system"]["slug"], "ubuntu_22_04");
+    assert_eq!(
+        md["network"]["interfaces"]["macs"][A_MAC]["subnet-ipv4-cidr-block"],
+        "10.99.0.0/24"
+    );
+    assert!(
+        v["seconds"].as_f64().unwrap() < 5.0,
+        "no retries expected: {}",
+        v["seconds"]
+    );
+    // 22.4's DataSourceEc2 does not read vendor-data; the service has it.
+    assert_eq!(
+        get(&a, "/latest/vendor-data", &[]),
+        (200, A_VENDOR_DATA.to_string())
+    );
+
+    // IMDSv2, as on AWS: PUT /latest/api/token, then every GET carries it;
+    // no IMDSv1 fallback, and a 401 anywhere would make cloud-init re-PUT.
+    let (ok_before, refused_before) = (
+        d.metric(&metadata_requests(200)),
+        d.metric(&metadata_requests(401)) + d.metric(&metadata_requests(403)),
+    );
+    let v = lab.cloud_init(&a, &["ec2", URL, "--aws"]);
+    assert_eq!(v["get_data"], true, "{v:#}");
+    assert_eq!(v["cloud_name"], "aws");
+    assert_eq!(v["instance_id"], A_ID);
+    assert_eq!(v["local_hostname"], A_NAME);
+    assert_eq!(v["public_keys"], json!(A_KEYS));
+    assert_eq!(v["userdata"], A_USER_DATA);
+    assert_eq!(
+        v["identity"]["instanceId"], A_ID,
+        "dynamic/instance-identity/document"
+    );
+    assert_eq!(v["identity"]["privateIp"], A_IP);
+    assert_eq!(v["identity"]["availabilityZone"], "lab1");
+    let tok = v["api_token"]
+        .as_str()
+        .expect("cloud-init holds an IMDSv2 token");
+    // The token cloud-init got is one the daemon issued to A.
+    assert_eq!(
+        get(&a, "/latest/meta-data/instance-id", &[&with_token(tok)]),
+        (200, A_ID.to_string())
+    );
+    assert!(d.metric(&metadata_requests(200)) > ok_before + 10.0);
+    assert_eq!(
+        d.metric(&metadata_requests(401)) + d.metric(&metadata_requests(403)),
+        refused_before,
+        "no token was refused during the IMDSv2 crawl"
+    );
+}
+
+#[test]
+fn cloud_init_nocloud_finds_the_instance_and_network() {
+    let mut lab = Lab::new("nocl");
+    let d = lab.tinkerbox("");
+    apply(&d, &lab, &[hardware_a(), hardware_b()]);
+    let a = lab.client("a", A_MAC, A_IP);
+
+    let v = lab.cloud_init(&a, &["nocloud", &format!("{URL}/cloud-init/")]);
+    assert_eq!(v["get_data"], true, "{v:#}");
+    assert_eq!(v["instance_id"], A_ID);
+    assert_eq!(v["local_hostname"], A_NAME);
+    assert_eq!(v["public_keys"], json!(A_KEYS));
+    assert_eq!(v["userdata"], A_USER_DATA, "user-data must be byte-exact");
+    assert_eq!(v["vendordata"], A_VENDOR_DATA);
+    assert_eq!(v["metadata"]["dsmode"], "net");
+    assert!(
+        v["seconds"].as_f64().unwrap() < 5.0,
+        "no retries expected (every file answers 200): {}",
+        v["seconds"]
+    );
+
+    // 22.4 does not fetch network-config over HTTP: fetch it as a newer
+    // cloud-init would and hand it to 22.4's own parser.
+    let (code, netcfg) = get(&a, "/cloud-init/network-config", &[]);
+    assert_eq!(code, 200, "{netcfg}");
+    let file = lab.path("network-config");
+    std::fs::write(&file, &netcfg).unwrap();
+    // In the lab namespace: cloud-init maps MACs to local interfaces, and
+    // nothing there has A's MAC.
+    let n = lab.cloud_init(&lab.ns, &["netcfg", file.to_str().unwrap()]);
+    assert_eq!(n["version"], 2);
+    let ifaces = n["interfaces"].as_array().unwrap();
+    assert_eq!(ifaces.len(), 1, "{n:#}");
+    let eno1 = &ifaces[0];
+    assert_eq!(eno1["name"], "eno1", "set-name");
+    assert_eq!(eno1["type"], "physical");
+    assert_eq!(eno1["mac_address"], A_MAC, "match.macaddress");
+    let subnets = eno1["subnets"].as_array().unwrap();
+    assert_eq!(subnets.len(), 1, "static only, no DHCP: {n:#}");
+    let s = &subnets[0];
+    assert_eq!(s["type"], "static");
+    assert_eq!(s["address"], A_IP);
+    assert_eq!(s["prefix"], 24);
+    assert_eq!(s["netmask"], "255.255.255.0");
+    assert_eq!(
+        s["routes"],
+        json!([{"gateway": "10.99.0.1", "netmask": "0.0.0.0", "network": "0.0.0.0", "prefix": 0}]),
+        "default route via the gateway"
+    );
+    assert_eq!(n["has_default_route"], true);
+    assert_eq!(s["dns_nameservers"], json!(["10.99.0.53", "10.99.0.54"]));
+    assert_eq!(s["dns_search"], json!(["lab.example"]));
+    assert_eq!(n["dns"]["nameservers"], json!(["10.99.0.53", "10.99.0.54"]));
+    assert_eq!(n["dns"]["search"], json!(["lab.example"]));
+}
+
+#[test]
+fn unknown_ip_fails_cleanly() {
+    let mut lab = Lab::new("unkn");
+    let d = lab.tinkerbox("");
+    apply(&d, &lab, &[hardware_a(), hardware_b()]);
+    let u = lab.client("u", "52:54:00:10:00:99", UNKNOWN_IP);
+
+    // IMDSv1: the availability check sees 404 until max_wait runs out.
+    let v = lab.cloud_init(&u, &["ec2", URL, "--max-wait", "2", "--timeout", "1"]);
+    assert_eq!(v["get_data"], false, "{v:#}");
+    assert_eq!(v["metadata_address"], Value::Null);
+    let took = v["seconds"].as_f64().unwrap();
+    assert!(took < 10.0, "gave up after {took}s with max_wait 2");
+    // IMDSv2: the token PUT is refused (404), which ends it at once.
+    let v = lab.cloud_init(
+        &u,
+        &["ec2", URL, "--aws", "--max-wait", "2", "--timeout", "1"],
+    );
+    assert_eq!(v["get_data"], false, "{v:#}");
+    assert_eq!(v["api_token"], Value::Null);
+    let took = v["seconds"].as_f64().unwrap();
+    assert!(took < 5.0, "gave up after {took}s");
+
+    for path in [
+        "/latest/meta-data/instance-id",
+        "/2009-04-04/meta-data/instance-id",
+        "/latest/meta-data/",
+        "/latest/user-data",
+        "/latest/dynamic/instance-identity/document",
+        "/metadata",
+        "/cloud-init/meta-data",
+        "/cloud-init/user-data",
+        "/cloud-init/network-config",
+    ] {
+        let (code, body) = get(&u, path, &[]);
+        assert_eq!(code, 404, "{path}: {body}");
+        for secret in [A_ID, B_ID, "cloud-config"] {
+            assert!(!body.contains(secret), "{path} leaks {secret}: {body}");
+        }
+    }
+    assert_eq!(put_token(&u, &[&ttl("60")]).0, 404, "no token for nobody");
+}
+
+#[test]
+fn identity_cannot_be_spoofed() {
+    let mut lab = Lab::new("spoof");
+    let mut d = lab.tinkerbox("");
+    apply(&d, &lab, &[hardware_a(), hardware_b()]);
+    let b = lab.client("b", B_MAC, B_IP);
+
+    assert_eq!(
+        get(&b, "/latest/user-data", &[]),
+        (200, B_USER_DATA.to_string())
+    );
+    assert_eq!(
+        get(&b, "/latest/user-data", &["X-Forwarded-For: 10.99.0.21"]),
+        (200, B_USER_DATA.to_string()),
+        "X-Forwarded-For from an untrusted peer is ignored"
+    );
+    // No header trick on any path shows B anything of A's.
+    for headers in SPOOF_HEADERS {
+        for (path, want) in [
+            ("/latest/user-data", Some(B_USER_DATA)),
+            ("/2009-04-04/user-data", Some(B_USER_DATA)),
+            ("/cloud-init/user-data", Some(B_USER_DATA)),
+            ("/latest/meta-data/instance-id", Some(B_ID)),
+            ("/latest/vendor-data", None),
+            ("/metadata", None),
+            ("/cloud-init/meta-data", None),
+        ] {
+            let (code, body) = get(&b, path, headers);
+            for secret in [A_ID, A_USER_DATA, A_VENDOR_DATA, A_NAME, A_KEYS[0]] {
+                assert!(
+                    !body.contains(secret),
+                    "{path} with {headers:?} shows B A's data: {body}"
+                );
+            }
+            if let Some(want) = want {
+                assert_eq!((code, body.as_str()), (200, want), "{path} {headers:?}");
+            }
+        }
+    }
+    // As AWS: a token request relayed by an unknown proxy is refused.
+    for xff in ["X-Forwarded-For: 10.99.0.21", "X-Forwarded-For: 10.99.0.22"] {
+        let (code, body) = put_token(&b, &[&ttl("60"), xff]);
+        assert_eq!(code, 403, "{xff}: {body}");
+    }
+    // Nor does A's token help B.
+    let a = lab.client("a", A_MAC, A_IP);
+    let a_token = token(&a, "60", &[]);
+    let (code, body) = get(&b, "/latest/user-data", &[&with_token(&a_token)]);
+    assert_eq!(code, 401, "{body}");
+
+    // Behind a trusted proxy, the forwarded address is the caller: the
+    // rightmost one that is not a trusted proxy.
+    d.stop();
+    drop(d);
+    let d = lab.tinkerbox(&format!("trusted_proxies = [\"{PROXY_IP}/32\"]"));
+    apply(&d, &lab, &[hardware_a(), hardware_b()]);
+    let p = lab.client("p", "52:54:00:10:00:05", PROXY_IP);
+    let xff = |v: &str| format!("X-Forwarded-For: {v}");
+    assert_eq!(
+        get(&p, "/latest/user-data", &[&xff(A_IP)]),
+        (200, A_USER_DATA.to_string())
+    );
+    assert_eq!(
+        get(&p, "/cloud-init/user-data", &[&xff(A_IP)]),
+        (200, A_USER_DATA.to_string())
+    );
+    assert_eq!(
+        get(&p, "/latest/user-data", &[&xff("10.99.0.21, 10.99.0.22")]),
+        (200, B_USER_DATA.to_string()),
+        "the rightmost untrusted hop wins, not the leftmost"
+    );
+    assert_eq!(
+        get(
+            &p,
+            "/latest/meta-data/instance-id",
+            &[&xff("10.99.0.22, 10.99.0.5")]
+        ),
+        (200, B_ID.to_string()),
+        "trusted hops are skipped from the right"
+    );
+    assert_eq!(
+        get(&p, "/latest/user-data", &[]).0,
+        404,
+        "without the header the proxy itself is the caller"
+    );
+    assert_eq!(
+        get(&p, "/latest/user-data", &[&xff("10.99.0.21, junk")]).0,
+        404,
+        "garbage stops the walk at the proxy"
+    );
+    // Still nothing for B's own spoofing while a proxy is trusted.
+    assert_eq!(
+        get(&b, "/latest/user-data", &[&xff(A_IP)]),
+        (200, B_USER_DATA.to_string())
+    );
+    assert_eq!(put_token(&b, &[&ttl("60"), &xff(A_IP)]).0, 403);
+    // A token fetched through the proxy is A's, and only A's.
+    let t = token(&p, "60", &[&xff(A_IP)]);
+    assert_eq!(
+        get(
+            &p,
+            "/latest/meta-data/instance-id",
+            &[&xff(A_IP), &with_token(&t)]
+        ),
+        (200, A_ID.to_string())
+    );
+    assert_eq!(
+        get(
+            &p,
+            "/latest/meta-data/instance-id",
+            &[&xff(B_IP), &with_token(&t)]
+        )
+        .0,
+        401
+    );
+    assert_eq!(
+        get(&b, "/latest/meta-data/instance-id", &[&with_token(&t)]).0,
+        401
+    );
+}
+
+#[test]
+fn imdsv2_tokens() {
+    let mut lab = Lab::new("tok");
+    let mut d = lab.tinkerbox("");
+    apply(&d, &lab, &[hardware_a(), hardware_b()]);
+    let a = lab.client("a", A_MAC, A_IP);
+    let b = lab.client("b", B_MAC, B_IP);
+
+    // Issued with the TTL echoed, as AWS does.
+    let (code, headers) = curl(
+        &a,
+        &[
+            "-X",
+            "PUT",
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+            "-H",
+            &ttl("21600"),
+            &format!("{URL}/latest/api/token"),
+        ],
+    );
+    assert_eq!(code, 200, "{headers}");
+    assert!(
+        headers
+            .to_ascii_lowercase()
+            .contains("x-aws-ec2-metadata-token-ttl-seconds: 21600"),
+        "{headers}"
+    );
+
+    let t = token(&a, "60", &[]);
+    let id = "/latest/meta-data/instance-id";
+    assert_eq!(get(&a, id, &[&with_token(&t)]), (200, A_ID.to_string()));
+    assert_eq!(
+        get(&a, "/latest/user-data", &[&with_token(&t)]),
+        (200, A_USER_DATA.to_string())
+    );
+    assert_eq!(
+        get(&b, id, &[&with_token(&t)]).0,
+        401,
+        "bound to A's address"
+    );
+    assert_eq!(get(&b, "/cloud-init/user-data", &[&with_token(&t)]).0, 401);
+    for bad in [
+        "X-aws-ec2-metadata-token;".to_string(), // present and empty
+        with_token("garbage"),
+        with_token(&t.replacen('.', ".0", 1)),
+        with_token(&format!("{}.{}", u32::MAX, t.split_once('.').unwrap().1)),
+    ] {
+        assert_eq!(get(&a, id, &[&bad]).0, 401, "{bad}");
+    }
+
+    // Expiry: whole seconds, so a TTL of 1 is gone 2 s later.
+    let short = token(&a, "1", &[]);
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, body) = get(&a, id, &[&with_token(&short)]);
+    assert_eq!(code, 401, "{body}");
+
+    // TTL: 1..=21600, an integer, required.
+    for bad in ["0", "21601", "-1", "abc", "1.5"] {
+        let (code, body) = put_token(&a, &[&ttl(bad)]);
+        assert_eq!(code, 400, "TTL {bad:?}: {body}");
+    }
+    let (code, body) = put_token(&a, &["X-aws-ec2-metadata-token-ttl-seconds;"]);
+    assert_eq!(code, 400, "empty TTL: {body}");
+    let (code, body) = put_token(&a, &[]);
+    assert_eq!(code, 400, "no TTL header: {body}");
+    assert_eq!(put_token(&a, &[&ttl("1")]).0, 200);
+
+    // IMDSv1 off: no token, no data; with one, all of it.
+    let old = token(&a, "300", &[]);
+    d.stop();
+    drop(d);
+    let d = lab.tinkerbox("require_token = true");
+    apply(&d, &lab, &[hardware_a(), hardware_b()]);
+    assert_eq!(
+        get(&a, id, &[&with_token(&old)]).0,
+        401,
+        "a token from before a restart is void (per-process key)"
+    );
+    let t = token(&a, "300", &[]);
+    for path in [
+        id,
+        "/latest/meta-data/",
+        "/latest/user-data",
+        "/2009-04-04/user-data",
+        "/latest/dynamic/instance-identity/document",
+        "/metadata",
+        "/cloud-init/meta-data",
+        "/cloud-init/user-data",
+    ] {
+        let (code, body) = get(&a, path, &[]);
+        assert_eq!(code, 401, "{path} without a token: {body}");
+        let (code, body) = get(&a, path, &[&with_token(&t)]);
+        assert_eq!(code, 200, "{path} with a token: {body}");
+    }
+    assert_eq!(get(&a, id, &[&with_token(&t)]), (200, A_ID.to_string()));
+    // cloud-init on AWS sends the token on every request...
+    let v = lab.cloud_init(&a, &["ec2", URL, "--aws"]);
+    assert_eq!(v["get_data"], true, "{v:#}");
+    assert_eq!(v["instance_id"], A_ID);
+    assert_eq!(v["userdata"], A_USER_DATA);
+    // ...and elsewhere it never does, so it finds nothing.
+    let v = lab.cloud_init(&a, &["ec2", URL, "--max-wait", "2", "--timeout", "1"]);
+    assert_eq!(v["get_data"], false, "{v:#}");
+}
+
+#[test]
+fn metadata_reads_are_events() {
+    let mut lab = Lab::new("ev");
+    let d = lab.tinkerbox("");
+    apply(&d, &lab, &[hardware_a(), hardware_b()]);
+    let a = lab.client("a", A_MAC, A_IP);
+
+    let ok_before = d.metric(&metadata_requests(200));
+    for path in [
+        "/latest/meta-data/instance-id",
+        "/latest/user-data",
+        "/latest/vendor-data",
+        "/metadata",
+        "/cloud-init/meta-data",
+        "/cloud-init/network-config",
+    ] {
+        let (code, body) = get(&a, path, &[]);
+        assert_eq!(code, 200, "{path}: {body}");
+    }
+    assert!(
+        d.metric(&metadata_requests(200)) >= ok_before + 6.0,
+        "tinkerbox_metadata_requests_total{{code=\"200\"}} did not move by 6"
+    );
+
+    // Events are written in batches: poll, at most 10 s.
+    let wanted = [
+        "instance-id",
+        "user-data",
+        "vendor-data",
+        "/metadata",
+        "NoCloud meta-data",
+        "NoCloud network-config",
+    ];
+    let mut last = vec![];
+    let reads = poll(Duration::from_secs(10), || {
+        last = metadata_reads(&events_json(&d, A_NAME));
+        wanted
+            .iter()
+            .all(|w| {
+                last.iter()
+                    .any(|e| e["message"].as_str().unwrap().contains(w))
+            })
+            .then(|| last.clone())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "metadata.read events of {A_NAME}: want {wanted:?}, have {:#}\n{}",
+            Value::Array(last.clone()),
+            d.log()
+        )
+    });
+    for e in &reads {
+        assert_eq!(e["ip"], A_IP, "{e}");
+        assert_eq!(e["name"], A_NAME, "{e}");
+        assert_eq!(e["namespace"], "default", "{e}");
+    }
+    assert!(
+        reads
+            .iter()
+            .any(|e| e["message"].as_str().unwrap().contains(A_ID)),
+        "the NoCloud read names the instance id: {reads:#?}"
+    );
+    assert!(
+        metadata_reads(&events_json(&d, B_NAME)).is_empty(),
+        "A's reads are not B's"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Found while writing the above; these assert the correct behaviour.
+
+/// EC2's `public-keys/` listing is `<n>=<name>`, and cloud-init keys its
+/// dict by `<name>`: two keys with the same comment (or none, both "key")
+/// must still be two keys for cloud-init.
+#[test]
+fn cloud_init_ec2_gets_every_key_even_without_comments() {
+    let mut lab = Lab::new("keys");
+    let d = lab.tinkerbox("");
+    let keys = [
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOne",
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITwo",
+        "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQThree ops@lab",
+        "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQFour ops@lab",
+    ];
+    let mut b = hardware_b();
+    b["spec"]["metadata"]["instance"]["ssh_keys"] = json!(keys);
+    apply(&d, &lab, &[b]);
+    let c = lab.client("b", B_MAC, B_IP);
+    let v = lab.cloud_init(&c, &["ec2", URL]);
+    assert_eq!(v["get_data"], true, "{v:#}");
+    let mut got: Vec<String> = serde_json::from_value(v["public_keys"].clone()).unwrap();
+    got.sort();
+    let mut want: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    want.sort();
+    assert_eq!(
+        got,
+        want,
+        "public-keys/ listing:\n{}",
+        get(&c, "/latest/meta-data/public-keys", &[]).1
+    );
+}
+
+/// `[http] listen = "[::]:PORT"` takes IPv4 too, as IPv4-mapped IPv6
+/// peers (::ffff:a.b.c.d): they are still the machine at a.b.c.d.
+#[test]
+fn dual_stack_listener_knows_ipv4_callers() {
+    let mut lab = Lab::new("dual");
+    let d = lab.tinkerbox_on(
+        "[::]:7080",
+        &format!("trusted_proxies = [\"{PROXY_IP}/32\"]"),
+    );
+    apply(&d, &lab, &[hardware_a(), hardware_b()]);
+    let a = lab.client("a", A_MAC, A_IP);
+    assert_eq!(
+        get(&a, "/latest/meta-data/instance-id", &[]),
+        (200, A_ID.to_string())
+    );
+    let t = token(&a, "60", &[]);
+    assert_eq!(
+        get(&a, "/latest/user-data", &[&with_token(&t)]),
+        (200, A_USER_DATA.to_string())
+    );
+    let p = lab.client("p", "52:54:00:10:00:05", PROXY_IP);
+    assert_eq!(
+        get(&p, "/latest/user-data", &["X-Forwarded-For: 10.99.0.22"]),
+        (200, B_USER_DATA.to_string()),
+        "a trusted IPv4 proxy stays trusted"
+    );
+}
