@@ -28,8 +28,10 @@ impl Snapshot {
         self.by_mac.get(mac)
     }
 
+    /// IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`, what a dual-stack
+    /// `[::]` listener sees for IPv4 peers) find the IPv4 machine.
     pub fn by_ip(&self, ip: &IpAddr) -> Option<&Arc<Machine>> {
-        self.by_ip.get(ip)
+        self.by_ip.get(&ip.to_canonical())
     }
 
     pub fn by_key(&self, key: &Key) -> Option<&Arc<Machine>> {
@@ -153,6 +155,13 @@ mod tests {
         assert_eq!(now.by_mac(&mac2).unwrap().key.name, "a");
         assert_eq!(now.by_mac(&mac1).unwrap().key.name, "b");
         assert!(now.by_ip(&"10.0.0.1".parse().unwrap()).is_none());
+        assert_eq!(
+            now.by_ip(&"::ffff:10.0.0.2".parse().unwrap())
+                .unwrap()
+                .key
+                .name,
+            "a"
+        );
         assert_eq!(now.len(), 2);
         // The old snapshot is untouched for readers still holding it.
         assert_eq!(before.by_mac(&mac1).unwrap().key.name, "a");

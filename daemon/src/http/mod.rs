@@ -104,8 +104,12 @@ async fn script_by_ip(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
 ) -> Response {
     let snap = app.inventory.snapshot();
-    let Some(m) = snap.by_ip(&peer.ip()) else {
-        return not_found(&app, "script", format!("no Hardware has IP {}", peer.ip()));
+    let Some(m) = snap.by_ip(&peer.ip().to_canonical()) else {
+        return not_found(
+            &app,
+            "script",
+            format!("no Hardware has IP {}", peer.ip().to_canonical()),
+        );
     };
     // The interface holding that IP.
     let mac = m.spec.interfaces.iter().find_map(|i| {
@@ -117,7 +121,7 @@ async fn script_by_ip(
                 .trim()
                 .parse::<std::net::IpAddr>()
                 .ok()?;
-        (ip == peer.ip())
+        (ip == peer.ip().to_canonical())
             .then(|| d.mac.as_deref()?.parse::<Mac>().ok())
             .flatten()
     });
@@ -126,7 +130,11 @@ async fn script_by_ip(
         None => not_found(
             &app,
             "script",
-            format!("Hardware {} has no MAC for IP {}", m.key, peer.ip()),
+            format!(
+                "Hardware {} has no MAC for IP {}",
+                m.key,
+                peer.ip().to_canonical()
+            ),
         ),
     }
 }
@@ -146,10 +154,13 @@ fn serve_script(
         Ok(text) => {
             app.metrics.boot("script", 200);
             app.events.record(
-                Event::new("ipxe.script", format!("iPXE script sent to {}", peer.ip()))
-                    .machine(key)
-                    .mac(mac)
-                    .ip(peer.ip()),
+                Event::new(
+                    "ipxe.script",
+                    format!("iPXE script sent to {}", peer.ip().to_canonical()),
+                )
+                .machine(key)
+                .mac(mac)
+                .ip(peer.ip().to_canonical()),
             );
             ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
         }
@@ -161,7 +172,7 @@ fn serve_script(
                 )
                 .machine(key)
                 .mac(mac)
-                .ip(peer.ip()),
+                .ip(peer.ip().to_canonical()),
             );
             not_found(
                 app,
@@ -205,7 +216,7 @@ async fn record_artifacts(State(app): State<Arc<App>>, req: Request, next: Next)
     let code = resp.status().as_u16();
     app.metrics.boot("artifact", code);
     if let Some(peer) = peer
-        && let Some(m) = app.inventory.snapshot().by_ip(&peer.ip())
+        && let Some(m) = app.inventory.snapshot().by_ip(&peer.ip().to_canonical())
     {
         let what = if resp.status().is_success() {
             "sent"
@@ -215,7 +226,7 @@ async fn record_artifacts(State(app): State<Arc<App>>, req: Request, next: Next)
         app.events.record(
             Event::new("http.artifact", format!("{path} {what} ({code})"))
                 .machine(m.key.clone())
-                .ip(peer.ip())
+                .ip(peer.ip().to_canonical())
                 .fields(json!({"path": path, "status": code, "range": range})),
         );
     }

@@ -46,6 +46,8 @@ pub fn router() -> Router<Arc<App>> {
 /// which case X-Forwarded-For is walked from the right to the first address
 /// that is not a trusted proxy.
 pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    // A dual-stack listener sees IPv4 peers as ::ffff:a.b.c.d.
+    let peer = peer.to_canonical();
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
     if !is_trusted(&peer) {
         return peer;
@@ -59,7 +61,7 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
         .collect();
     let mut last = peer;
     for hop in hops.iter().rev() {
-        match hop.parse::<IpAddr>() {
+        match hop.parse::<IpAddr>().map(|ip| ip.to_canonical()) {
             Ok(ip) if is_trusted(&ip) => last = ip,
             Ok(ip) => return ip,
             // Garbage in the chain: stop at the last address we can vouch for.
@@ -163,7 +165,11 @@ async fn new_token(
 ) -> Response {
     let trusted = &app.config.metadata.trusted_proxies;
     // As AWS: a token request relayed by an unknown proxy is refused.
-    if headers.contains_key("x-forwarded-for") && !trusted.iter().any(|n| n.contains(&peer.ip())) {
+    if headers.contains_key("x-forwarded-for")
+        && !trusted
+            .iter()
+            .any(|n| n.contains(&peer.ip().to_canonical()))
+    {
         return reject(
             &app,
             StatusCode::FORBIDDEN,

@@ -268,13 +268,21 @@ pub fn public_keys_listing(m: &Machine) -> Option<String> {
     if keys.is_empty() {
         return None;
     }
+    // cloud-init keys its dict by these names: they must be unique, so a
+    // key without a comment, or with one already used, is `key-<n>`.
+    let mut names: Vec<String> = Vec::with_capacity(keys.len());
+    for (n, k) in keys.iter().enumerate() {
+        let name = match k.split_whitespace().nth(2) {
+            Some(c) if !names.iter().any(|x| x == c) => c.to_string(),
+            _ => format!("key-{n}"),
+        };
+        names.push(name);
+    }
     Some(
-        keys.iter()
+        names
+            .iter()
             .enumerate()
-            .map(|(n, k)| {
-                let comment = k.split_whitespace().nth(2).unwrap_or("key");
-                format!("{n}={comment}")
-            })
+            .map(|(n, name)| format!("{n}={name}"))
             .collect::<Vec<_>>()
             .join("\n"),
     )
