@@ -14,7 +14,6 @@ use crate::common::{Daemon, Setup};
 use serde_json::{Value, json};
 use std::fs::File;
 use std::io::{Read, Seek};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -276,23 +275,15 @@ impl Lab {
             "[dhcp]\nmode = \"off\"\n[tftp]\nenabled = false\n[syslog]\nenabled = false\n\
              [metadata]\n{metadata}\n"
         );
-        // common.rs's health wait connects to the API address from the test
-        // process, i.e. from the root namespace, before it curls /healthz
-        // inside the lab. Hold a probed port open on the host's loopback
-        // while the daemon starts and give the daemon that port in the lab
-        // (a fixed 7081 would collide between tests running in parallel).
-        let stand_in = TcpListener::bind("127.0.0.1:0").unwrap();
-        let api = stand_in.local_addr().unwrap().to_string();
-        let d = Daemon::start_setup(Setup {
+        Daemon::start_setup(Setup {
             top: "public_ip = \"10.99.0.1\"",
             boot: &boot,
             netns: Some(&self.ns),
             http_listen: Some(http_listen),
-            api_listen: Some(&api),
+            // Each lab has its own namespace: a fixed port cannot collide.
+            api_listen: Some("127.0.0.1:7081"),
             ..Setup::default()
-        });
-        drop(stand_in);
-        d
+        })
     }
 
     /// The driver (tests/metadata/cloudinit.py) in namespace `ns`: what
@@ -308,9 +299,12 @@ impl Lab {
         assert!(r.ok(), "{what} in {ns}: {}", r.describe());
         let v: Value = serde_json::from_str(r.stdout.trim())
             .unwrap_or_else(|e| panic!("{what}: not one JSON object ({e}): {}", r.describe()));
+        let found = match &v["get_data"] {
+            Value::Bool(ok) => format!("get_data={ok} "),
+            _ => String::new(),
+        };
         eprintln!(
-            "{what} in {ns}: get_data={} in {}s (process {:.2}s)",
-            v["get_data"],
+            "{what} in {ns}: {found}in {}s (process {:.2}s)",
             v["seconds"],
             r.took.as_secs_f64()
         );
@@ -972,8 +966,8 @@ fn metadata_reads_are_events() {
 // Found while writing the above; these assert the correct behaviour.
 
 /// EC2's `public-keys/` listing is `<n>=<name>`, and cloud-init keys its
-/// dict by `<name>`: two keys with the same comment (or none, both "key")
-/// must still be two keys for cloud-init.
+/// dict by `<name>`: keys with the same comment, without one, or with a
+/// comment that looks like a made-up name must still all reach cloud-init.
 #[test]
 fn cloud_init_ec2_gets_every_key_even_without_comments() {
     let mut lab = Lab::new("keys");
@@ -983,6 +977,9 @@ fn cloud_init_ec2_gets_every_key_even_without_comments() {
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITwo",
         "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQThree ops@lab",
         "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQFour ops@lab",
+        // A comment equal to the name a later comment-less key would get.
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFive key-5",
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAISix",
     ];
     let mut b = hardware_b();
     b["spec"]["metadata"]["instance"]["ssh_keys"] = json!(keys);

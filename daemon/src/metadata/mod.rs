@@ -270,11 +270,20 @@ pub fn public_keys_listing(m: &Machine) -> Option<String> {
     }
     // cloud-init keys its dict by these names: they must be unique, so a
     // key without a comment, or with one already used, is `key-<n>`.
+    let comments: Vec<Option<&str>> = keys.iter().map(|k| k.split_whitespace().nth(2)).collect();
     let mut names: Vec<String> = Vec::with_capacity(keys.len());
-    for (n, k) in keys.iter().enumerate() {
-        let name = match k.split_whitespace().nth(2) {
+    for (n, c) in comments.iter().enumerate() {
+        let name = match c {
             Some(c) if !names.iter().any(|x| x == c) => c.to_string(),
-            _ => format!("key-{n}"),
+            _ => {
+                // Also clear of every comment, so a later `key-5` comment
+                // cannot collide with a generated name.
+                let mut name = format!("key-{n}");
+                while names.contains(&name) || comments.contains(&Some(name.as_str())) {
+                    name.push('_');
+                }
+                name
+            }
         };
         names.push(name);
     }
