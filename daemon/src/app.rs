@@ -22,6 +22,8 @@ pub struct App {
     pub inventory: Arc<Inventory>,
     pub events: EventSink,
     pub metrics: Arc<Metrics>,
+    /// Runs BMC jobs.
+    pub bmc: Arc<crate::bmc::jobs::Runner>,
     /// Held across "commit to SQLite, then publish the snapshot" so that
     /// snapshots are published in commit order.
     write: Mutex<()>,
@@ -37,6 +39,7 @@ impl App {
         inventory: Arc<Inventory>,
         events: EventSink,
         metrics: Arc<Metrics>,
+        bmc: Arc<crate::bmc::jobs::Runner>,
     ) -> Self {
         metrics.hardware.set(inventory.snapshot().len() as i64);
         App {
@@ -48,6 +51,7 @@ impl App {
             inventory,
             events,
             metrics,
+            bmc,
             write: Mutex::new(()),
         }
     }

@@ -32,6 +32,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub metadata: MetadataConfig,
     pub syslog: SyslogConfig,
+    pub bmc: BmcConfig,
     pub api: ApiConfig,
     pub events: EventsConfig,
     pub log: LogConfig,
@@ -97,6 +98,29 @@ pub struct SyslogConfig {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
+pub struct BmcConfig {
+    /// Each attempt of a job's task gives up after this, e.g. "20s".
+    #[serde(with = "human_duration")]
+    pub task_timeout: Duration,
+    /// Attempts per task before the job fails (backoff 1 s, 2 s, 4 s, ...).
+    pub attempts: u32,
+    /// How often every BMC's power state is read ("0s": never).
+    #[serde(with = "human_duration")]
+    pub poll_interval: Duration,
+}
+
+impl Default for BmcConfig {
+    fn default() -> Self {
+        BmcConfig {
+            task_timeout: Duration::from_secs(20),
+            attempts: 3,
+            poll_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
 pub struct ApiConfig {
     /// Admin API; every request needs the bearer token.
     pub listen: SocketAddr,
@@ -145,6 +169,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             metadata: MetadataConfig::default(),
             syslog: SyslogConfig::default(),
+            bmc: BmcConfig::default(),
             api: ApiConfig::default(),
             events: EventsConfig::default(),
             log: LogConfig::default(),
@@ -310,6 +335,9 @@ impl Config {
         }
         if self.events.per_machine == 0 {
             return bad("events.per_machine", "must be at least 1");
+        }
+        if self.bmc.attempts == 0 {
+            return bad("bmc.attempts", "must be at least 1");
         }
         if self.events.queue == 0 {
             return bad("events.queue", "must be at least 1");

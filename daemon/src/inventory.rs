@@ -42,6 +42,10 @@ impl Snapshot {
         self.by_key.len()
     }
 
+    pub fn machines(&self) -> impl Iterator<Item = &Arc<Machine>> {
+        self.by_key.values()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.by_key.is_empty()
     }

@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod app;
+pub mod bmc;
 pub mod cli;
 pub mod config;
 pub mod dhcp;

@@ -53,6 +53,16 @@ enum Command {
         #[command(subcommand)]
         command: HardwareCommand,
     },
+    /// BMCs (Rufio Machine/Job/Task documents and Secrets): power, boot device, jobs
+    Bmc {
+        #[command(subcommand)]
+        command: BmcCommand,
+    },
+    /// Machine-level actions
+    Machine {
+        #[command(subcommand)]
+        command: MachineCommand,
+    },
     /// Show what happened to machines (newest last)
     Events {
         /// Hardware name [default: every machine]
@@ -67,6 +77,79 @@ enum Command {
         /// Keep printing new events as they arrive
         #[arg(short, long)]
         follow: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum BmcCommand {
+    /// Create or update BMC Machines and Secrets, start Jobs and Tasks (YAML/JSON)
+    Apply {
+        #[arg(short = 'f', long = "filename", required = true, value_name = "FILE")]
+        files: Vec<String>,
+    },
+    /// List BMC Machines with their power state, or show one
+    Get {
+        name: Option<String>,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Power on/off/soft/cycle/reset, or read the status (a one-task job)
+    Power {
+        name: String,
+        #[arg(value_enum)]
+        action: tinkerbox::bmc::PowerAction,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// Return once the job is created
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Set the next boot device (a one-task job)
+    Bootdev {
+        name: String,
+        #[arg(value_enum)]
+        device: tinkerbox::bmc::BootDevice,
+        /// For every boot, not just the next
+        #[arg(long)]
+        persistent: bool,
+        /// UEFI boot
+        #[arg(long)]
+        efi: bool,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Jobs and their tasks
+    Job {
+        #[command(subcommand)]
+        command: JobCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum JobCommand {
+    /// List jobs, or show one
+    Get {
+        name: Option<String>,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+}
+
+#[derive(Subcommand)]
+enum MachineCommand {
+    /// Network-boot a Hardware through its BMC: allowPXE on, power off, PXE once, power on
+    Netboot {
+        name: String,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        #[arg(long)]
+        no_wait: bool,
     },
 }
 
@@ -195,6 +278,58 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 cli::delete(&target(vec![]), name, namespace.as_deref()).await
             }
         },
+        Command::Bmc { command } => {
+            let t = target(vec![]);
+            match command {
+                BmcCommand::Apply { files } => cli::bmc::apply(&t, files).await,
+                BmcCommand::Get {
+                    name,
+                    namespace,
+                    output,
+                } => cli::bmc::get(&t, name.as_deref(), namespace.as_deref(), *output).await,
+                BmcCommand::Power {
+                    name,
+                    action,
+                    namespace,
+                    no_wait,
+                } => cli::bmc::power(&t, name, namespace.as_deref(), *action, !no_wait).await,
+                BmcCommand::Bootdev {
+                    name,
+                    device,
+                    persistent,
+                    efi,
+                    namespace,
+                    no_wait,
+                } => {
+                    cli::bmc::bootdev(
+                        &t,
+                        name,
+                        namespace.as_deref(),
+                        *device,
+                        *persistent,
+                        *efi,
+                        !no_wait,
+                    )
+                    .await
+                }
+                BmcCommand::Job {
+                    command:
+                        JobCommand::Get {
+                            name,
+                            namespace,
+                            output,
+                        },
+                } => cli::bmc::jobs(&t, name.as_deref(), namespace.as_deref(), *output).await,
+            }
+        }
+        Command::Machine {
+            command:
+                MachineCommand::Netboot {
+                    name,
+                    namespace,
+                    no_wait,
+                },
+        } => cli::bmc::netboot(&target(vec![]), name, namespace.as_deref(), !no_wait).await,
         Command::Events {
             name,
             namespace,

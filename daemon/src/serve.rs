@@ -7,7 +7,7 @@ use crate::events;
 use crate::inventory::{Inventory, Snapshot};
 use crate::metrics::Metrics;
 use crate::store::Store;
-use crate::{api, dhcp, http, syslog, tftp, token};
+use crate::{api, bmc, dhcp, http, syslog, tftp, token};
 use anyhow::Context;
 use sd_notify::NotifyState;
 use std::os::unix::fs::DirBuilderExt;
@@ -53,6 +53,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if files.is_empty() {
         tracing::warn!(dir = %config.tftp.ipxe_dir.display(), "no iPXE binaries found (Debian: apt-get install ipxe); PXE clients cannot boot");
     }
+    let bmc = Arc::new(bmc::jobs::Runner::new(
+        store.clone(),
+        inventory.clone(),
+        sink.clone(),
+        config.bmc.task_timeout,
+        config.bmc.attempts,
+    ));
     let app = Arc::new(App::new(
         config.clone(),
         public_ip,
@@ -61,7 +68,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         inventory,
         sink,
         metrics,
+        bmc.clone(),
     ));
+    let bmc_task = tokio::spawn(bmc.clone().run());
+    let poll_task = (!config.bmc.poll_interval.is_zero())
+        .then(|| tokio::spawn(bmc.poll(config.bmc.poll_interval)));
 
     // Bind everything before READY, so a port clash fails the start.
     let http_sock = tokio::net::TcpListener::bind(config.http.listen)
@@ -181,6 +192,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     for t in &udp_tasks {
         t.abort();
+    }
+    bmc_task.abort();
+    if let Some(p) = poll_task {
+        p.abort();
     }
     let _ = stop_tx.send(true);
     api_handle.graceful_shutdown(Some(Duration::from_secs(5)));

@@ -1,6 +1,9 @@
 //! Integration tests: the real `tinkerbox` binary, driven by its own CLI and
 //! by curl/openssl, on loopback ports. One test binary (one link) for all.
 
+mod bmc_ipmi;
+mod bmc_jobs;
+mod bmc_redfish;
 mod boot;
 mod common;
 mod daemon;

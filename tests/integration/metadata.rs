@@ -308,6 +308,14 @@ impl Lab {
             v["seconds"],
             r.took.as_secs_f64()
         );
+        // What cloud-init itself said about the datasource (shown with --no-capture).
+        for line in r.stderr.lines().filter(|l| {
+            l.contains("Crawl of metadata")
+                || l.contains("metadata source")
+                || l.contains("Read from")
+        }) {
+            eprintln!("  cloud-init: {line}");
+        }
         v
     }
 }

@@ -11,6 +11,8 @@
 //! 400 (bad input), 401 (token), 404, 409 (MAC/IP owned by another
 //! Hardware, with `"conflict": "ns/name"`), 413 (body too large).
 
+pub mod bmc;
+
 use crate::app::App;
 use crate::hardware::{self, DEFAULT_NAMESPACE, FieldError, Key};
 use crate::store::{EventQuery, Outcome, StoreError};
@@ -91,6 +93,7 @@ pub fn router(app: Arc<App>, token: Arc<str>) -> Router {
             get(get_hardware).delete(delete_hardware),
         )
         .route("/api/v1/events", get(events))
+        .merge(bmc::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn_with_state(token, auth))
@@ -133,8 +136,8 @@ async fn auth(State(token): State<Arc<str>>, req: Request, next: Next) -> Respon
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NsQuery {
-    namespace: Option<String>,
+pub(crate) struct NsQuery {
+    pub(crate) namespace: Option<String>,
 }
 
 async fn list_hardware(
@@ -150,7 +153,7 @@ async fn list_hardware(
     })))
 }
 
-fn key(name: String, q: NsQuery) -> Key {
+pub(crate) fn key(name: String, q: NsQuery) -> Key {
     Key::new(
         q.namespace.unwrap_or_else(|| DEFAULT_NAMESPACE.into()),
         name,

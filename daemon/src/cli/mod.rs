@@ -3,6 +3,8 @@
 //! `--server`/`--token` flags, `TINKERBOX_SERVER`/`TINKERBOX_TOKEN`, then the
 //! config file (`api.listen`, `state_dir/api-token`).
 
+pub mod bmc;
+
 use crate::config::{Config, Sources};
 use crate::hardware::{self, Mac};
 use crate::store::EventRow;
@@ -168,7 +170,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-fn api_error(status: StatusCode, v: &Value) -> String {
+pub(crate) fn api_error(status: StatusCode, v: &Value) -> String {
     let msg = v
         .get("error")
         .and_then(Value::as_str)
@@ -181,7 +183,7 @@ fn api_error(status: StatusCode, v: &Value) -> String {
 }
 
 /// The file's text; `-` is standard input.
-fn read_input(file: &str) -> anyhow::Result<String> {
+pub(crate) fn read_input(file: &str) -> anyhow::Result<String> {
     if file == "-" {
         let mut s = String::new();
         std::io::stdin()
@@ -316,7 +318,7 @@ pub fn to_yaml(v: &Value) -> anyhow::Result<String> {
 }
 
 /// Path segments from the user go into URLs percent-encoded.
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -386,7 +388,7 @@ pub fn hardware_table(items: &[Value], with_ns: bool) -> String {
     render_table(&rows)
 }
 
-fn render_table(rows: &[Vec<String>]) -> String {
+pub(crate) fn render_table(rows: &[Vec<String>]) -> String {
     let cols = rows.first().map(Vec::len).unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))

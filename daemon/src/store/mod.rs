@@ -14,6 +14,8 @@ use sqlx::sqlite::{
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub mod bmc;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +31,8 @@ pub enum StoreError {
     Db(#[from] sqlx::Error),
     #[error("database migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
     #[error("stored document for {0} is corrupt: {1}")]
     Corrupt(Key, String),
 }
@@ -97,6 +101,17 @@ impl Store {
             .connect_with(opts)
             .await?;
         MIGRATOR.run(&pool).await?;
+        // BMC credentials live in here: owner only, whatever the umask.
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            if let Ok(meta) = std::fs::metadata(&p) {
+                use std::os::unix::fs::PermissionsExt;
+                if meta.permissions().mode() & 0o077 != 0 {
+                    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?;
+                }
+            }
+        }
         Ok(Store { pool })
     }
 
@@ -361,6 +376,10 @@ impl Store {
     pub async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
     }
 
     pub async fn close(&self) {

@@ -1,0 +1,95 @@
+//! BMC control: power and boot device over IPMI (RMCP+) and Redfish, as
+//! Rufio does with bmclib. The protocol clients share one small vocabulary
+//! (this module); jobs of ordered tasks drive them.
+
+pub mod ipmi;
+pub mod jobs;
+pub mod model;
+pub mod redfish;
+
+use std::time::Duration;
+
+/// Rufio's power states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PowerState {
+    On,
+    Off,
+    Unknown,
+}
+
+/// Rufio's `powerAction` values.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum PowerAction {
+    On,
+    Off,
+    Soft,
+    Cycle,
+    Reset,
+    Status,
+}
+
+/// Rufio's boot devices.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum BootDevice {
+    Pxe,
+    Disk,
+    Bios,
+    Cdrom,
+}
+
+/// Where and how to reach one BMC.
+#[derive(Clone)]
+pub struct Target {
+    pub host: String,
+    /// Protocol default when `None` (IPMI 623, Redfish 443).
+    pub port: Option<u16>,
+    pub username: String,
+    pub password: String,
+    /// Redfish: accept a self-signed certificate.
+    pub insecure_tls: bool,
+    /// Redfish: plain HTTP instead of HTTPS (emulators, labs).
+    pub plain_http: bool,
+    /// Redfish: use HTTP Basic auth instead of a session.
+    pub basic_auth: bool,
+    /// Redfish: the ComputerSystem id; discovered when `None`.
+    pub system: Option<String>,
+    /// IPMI: cipher suite (3 = HMAC-SHA1, HMAC-SHA1-96, AES-CBC-128).
+    pub cipher_suite: u8,
+    /// Every call to the BMC gives up after this.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for Target {
+    /// Never prints the credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("username", &"<redacted>")
+            .field("insecure_tls", &self.insecure_tls)
+            .field("system", &self.system)
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BmcError {
+    /// Wrong user name or password (or no such user).
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    /// No answer within the deadline.
+    #[error("BMC at {0} did not answer within {1:?}")]
+    Timeout(String, Duration),
+    /// Reachable but refused or failed the request.
+    #[error("{0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
