@@ -236,17 +236,6 @@ pub fn boot_for(c: &Client, iface: Option<&Interface>, s: &Settings) -> Result<B
     }
 }
 
-/// The interface of `m` that has this MAC.
-fn iface_of(m: &Machine, mac: Mac) -> Option<&Interface> {
-    m.spec.interfaces.iter().find(|i| {
-        i.dhcp
-            .as_ref()
-            .and_then(|d| d.mac.as_deref())
-            .and_then(|x| x.parse::<Mac>().ok())
-            == Some(mac)
-    })
-}
-
 /// Answer one request. Pure: no I/O, no clock.
 pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outcome {
     if s.mode == Mode::Off {
@@ -266,7 +255,7 @@ pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outc
     let Some(m) = machine else {
         return Outcome::Ignore("unknown_mac");
     };
-    let Some(iface) = iface_of(m, c.mac) else {
+    let Some(iface) = m.interface(c.mac) else {
         return Outcome::Ignore("unknown_mac");
     };
     if iface.disable_dhcp {
@@ -405,7 +394,7 @@ fn proxy(req: &Message, port: Port, c: &Client, m: Option<&Machine>, s: &Setting
     if !c.netboot() {
         return Outcome::Ignore("not_netboot");
     }
-    let iface = m.and_then(|m| iface_of(m, c.mac));
+    let iface = m.and_then(|m| m.interface(c.mac));
     if s.mode == Mode::Proxy && iface.is_none() {
         return Outcome::Ignore("unknown_mac");
     }

@@ -89,6 +89,19 @@ pub struct Machine {
     pub ips: Vec<IpAddr>,
 }
 
+impl Machine {
+    /// The interface with this MAC: what DHCP, TFTP and iPXE ask first.
+    pub fn interface(&self, mac: Mac) -> Option<&spec::Interface> {
+        self.spec.interfaces.iter().find(|i| {
+            i.dhcp
+                .as_ref()
+                .and_then(|d| d.mac.as_deref())
+                .and_then(|x| x.parse::<Mac>().ok())
+                == Some(mac)
+        })
+    }
+}
+
 /// Split a YAML or JSON stream into documents, the way `kubectl apply -f`
 /// reads a file: `---`-separated documents, a top-level YAML list (the format
 /// of Tinkerbell's file backend), or a `kind: List`/`HardwareList` with `items`.

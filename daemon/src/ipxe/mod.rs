@@ -31,16 +31,6 @@ pub enum NoScript {
 const RETRIES: u32 = 10;
 const RETRY_DELAY: u32 = 2;
 
-fn iface_of(m: &Machine, mac: Mac) -> Option<&Interface> {
-    m.spec.interfaces.iter().find(|i| {
-        i.dhcp
-            .as_ref()
-            .and_then(|d| d.mac.as_deref())
-            .and_then(|x| x.parse::<Mac>().ok())
-            == Some(mac)
-    })
-}
-
 /// Kernel parameters are space-separated: a value from a Hardware must not
 /// smuggle in more parameters or iPXE syntax.
 fn param_safe(s: &str) -> String {
@@ -51,7 +41,7 @@ fn param_safe(s: &str) -> String {
 
 /// The script for `mac` of machine `m`.
 pub fn script(m: &Machine, mac: Mac, s: &ScriptSettings) -> Result<String, NoScript> {
-    let iface = iface_of(m, mac).ok_or(NoScript::UnknownMac)?;
+    let iface = m.interface(mac).ok_or(NoScript::UnknownMac)?;
     let netboot = iface.netboot.as_ref();
     if netboot.and_then(|n| n.allow_pxe) != Some(true) {
         return Err(NoScript::NotAllowed);
