@@ -25,16 +25,9 @@ pub fn router() -> Router<Arc<App>> {
     Router::new()
         .route("/", get(versions))
         .route("/latest/api/token", put(new_token))
-        .route("/{version}", get(version_index))
-        .route("/{version}/", get(version_index))
-        .route("/{version}/meta-data", get(meta_data_root))
-        .route("/{version}/meta-data/", get(meta_data_root))
-        .route("/{version}/meta-data/{*path}", get(meta_data))
-        .route("/{version}/dynamic", get(dynamic_root))
-        .route("/{version}/dynamic/", get(dynamic_root))
-        .route("/{version}/dynamic/{*path}", get(dynamic))
-        .route("/{version}/user-data", get(user_data))
-        .route("/{version}/vendor-data", get(vendor_data))
+        .route("/{version}", get(ec2_index))
+        .route("/{version}/", get(ec2_index))
+        .route("/{version}/{*path}", get(ec2))
         .route("/metadata", get(metadata))
         .route("/cloud-init/meta-data", get(nocloud_meta))
         .route("/cloud-init/user-data", get(nocloud_user))
@@ -206,52 +199,27 @@ async fn new_token(
         .into_response()
 }
 
-async fn version_index(
+async fn ec2_index(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     Path(version): Path<String>,
 ) -> Response {
-    if !is_version(&version) {
-        return reject(
-            &app,
-            StatusCode::NOT_FOUND,
-            format!("no API version {version:?}"),
-        );
-    }
-    let (_, m) = match caller(&app, peer, &headers) {
-        Ok(x) => x,
-        Err(r) => return *r,
-    };
-    let mut items = vec!["dynamic/", "meta-data/"];
-    if m.spec.user_data.is_some() {
-        items.push("user-data");
-    }
-    if m.spec.vendor_data.is_some() {
-        items.push("vendor-data");
-    }
-    ok(&app, items.join("\n"))
+    serve_ec2(&app, peer, &headers, &version, "")
 }
 
-async fn meta_data_root(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    Path(version): Path<String>,
-) -> Response {
-    serve_meta(&app, peer, &headers, &version, "")
-}
-
-async fn meta_data(
+async fn ec2(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     Path((version, path)): Path<(String, String)>,
 ) -> Response {
-    serve_meta(&app, peer, &headers, &version, &path)
+    serve_ec2(&app, peer, &headers, &version, &path)
 }
 
-fn serve_meta(
+/// Everything under `/<version>/`: the index, `meta-data/...`,
+/// `dynamic/...`, `user-data`, `vendor-data`.
+fn serve_ec2(
     app: &App,
     peer: SocketAddr,
     headers: &HeaderMap,
@@ -265,60 +233,37 @@ fn serve_meta(
             format!("no API version {version:?}"),
         );
     }
+    let (section, rest) = path.split_once('/').unwrap_or((path, ""));
+    if matches!(section, "user-data" | "vendor-data") && rest.is_empty() {
+        return data(app, peer, headers, section, false);
+    }
     let (ip, m) = match caller(app, peer, headers) {
         Ok(x) => x,
         Err(r) => return *r,
     };
-    match ec2_get(&m, ip, path) {
-        Some(body) => {
-            if path.trim_matches('/') == "instance-id" {
+    let body = match section {
+        "" => {
+            let mut items = vec!["dynamic/", "meta-data/"];
+            if m.spec.user_data.is_some() {
+                items.push("user-data");
+            }
+            if m.spec.vendor_data.is_some() {
+                items.push("vendor-data");
+            }
+            Some(items.join("\n"))
+        }
+        "meta-data" => {
+            if rest.trim_matches('/') == "instance-id" {
                 record(app, &m, ip, "instance-id");
             }
-            ok(app, body)
+            ec2_get(&m, ip, rest)
         }
-        None => reject(app, StatusCode::NOT_FOUND, format!("no meta-data/{path}")),
-    }
-}
-
-async fn dynamic_root(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    Path(version): Path<String>,
-) -> Response {
-    serve_dynamic(&app, peer, &headers, &version, "")
-}
-
-async fn dynamic(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    Path((version, path)): Path<(String, String)>,
-) -> Response {
-    serve_dynamic(&app, peer, &headers, &version, &path)
-}
-
-fn serve_dynamic(
-    app: &App,
-    peer: SocketAddr,
-    headers: &HeaderMap,
-    version: &str,
-    path: &str,
-) -> Response {
-    if !is_version(version) {
-        return reject(
-            app,
-            StatusCode::NOT_FOUND,
-            format!("no API version {version:?}"),
-        );
-    }
-    let (ip, m) = match caller(app, peer, headers) {
-        Ok(x) => x,
-        Err(r) => return *r,
+        "dynamic" => super::dynamic(&m, ip).get(rest).map(super::Node::render),
+        _ => None,
     };
-    match super::dynamic(&m, ip).get(path) {
-        Some(n) => ok(app, n.render()),
-        None => reject(app, StatusCode::NOT_FOUND, format!("no dynamic/{path}")),
+    match body {
+        Some(b) => ok(app, b),
+        None => reject(app, StatusCode::NOT_FOUND, format!("no {path}")),
     }
 }
 
@@ -345,38 +290,6 @@ fn data(app: &App, peer: SocketAddr, headers: &HeaderMap, which: &str, nocloud: 
             format!("Hardware {} has no {which}", m.key),
         ),
     }
-}
-
-async fn user_data(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    Path(version): Path<String>,
-) -> Response {
-    if !is_version(&version) {
-        return reject(
-            &app,
-            StatusCode::NOT_FOUND,
-            format!("no API version {version:?}"),
-        );
-    }
-    data(&app, peer, &headers, "user-data", false)
-}
-
-async fn vendor_data(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    Path(version): Path<String>,
-) -> Response {
-    if !is_version(&version) {
-        return reject(
-            &app,
-            StatusCode::NOT_FOUND,
-            format!("no API version {version:?}"),
-        );
-    }
-    data(&app, peer, &headers, "vendor-data", false)
 }
 
 async fn metadata(
