@@ -9,17 +9,16 @@
 //! named after the test process's PID and torn down on drop, panics included.
 
 use crate::common::{Daemon, Setup};
+use crate::netns::{LAB_LIB, Ran, have, in_ns, is_root, lab_sh, poll, run, run_ok};
 use serde_json::{Value, json};
 use std::fs::File;
-use std::io::{Read, Seek};
 use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-const LAB_LIB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/lab/lib.sh");
 const SERVER: &str = "10.99.0.1";
 /// The lab network's bridge address, as lab_up wants it.
 const BRIDGE_CIDR: &str = "10.99.0.1/24";
@@ -38,76 +37,6 @@ const PXE_CLASS: &str = "PXEClient:Arch:00000:UNDI:002001";
 
 // ---------------------------------------------------------------------------
 // Processes: every wait bounded, every process stopped by PID.
-
-/// A finished (or timed-out and killed) command.
-struct Ran {
-    status: Option<ExitStatus>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Ran {
-    fn ok(&self) -> bool {
-        self.status.is_some_and(|s| s.success())
-    }
-
-    fn describe(&self) -> String {
-        let st = match self.status {
-            Some(s) => s.to_string(),
-            None => "killed after its time limit".into(),
-        };
-        format!(
-            "{st}\n--- stdout\n{}\n--- stderr\n{}",
-            self.stdout, self.stderr
-        )
-    }
-}
-
-/// Run `cmd` for at most `limit`, then SIGKILL it by PID. Output goes to
-/// unnamed files, not pipes: a client that daemonizes (dhclient) must not
-/// keep the caller waiting on a pipe it inherited.
-fn run(mut cmd: Command, limit: Duration) -> Ran {
-    let mut out = tempfile::tempfile().unwrap();
-    let mut err = tempfile::tempfile().unwrap();
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(err.try_clone().unwrap())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break Some(st);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let read = |f: &mut File| {
-        let mut s = String::new();
-        f.rewind().unwrap();
-        f.read_to_string(&mut s).unwrap();
-        s
-    };
-    Ran {
-        status,
-        stdout: read(&mut out),
-        stderr: read(&mut err),
-    }
-}
-
-#[track_caller]
-fn run_ok(cmd: Command, limit: Duration) -> Ran {
-    let what = format!("{cmd:?}");
-    let r = run(cmd, limit);
-    assert!(r.ok(), "{what}: {}", r.describe());
-    r
-}
 
 /// A long-running helper (dnsmasq), stopped by PID on drop: SIGTERM, then
 /// SIGKILL after 5 s.
@@ -187,38 +116,8 @@ fn stop_pid(pid: u32) {
     }
 }
 
-/// Poll `f` until it gives a value, for at most `limit`.
-fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 // ---------------------------------------------------------------------------
 // The lab: namespaces from tests/lab/lib.sh, removed on drop.
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1))
-        == Some("0")
-}
-
-fn have(program: &str) -> bool {
-    let path = std::env::var("PATH").unwrap_or_default();
-    path.split(':')
-        .chain(["/usr/sbin", "/sbin"])
-        .any(|dir| Path::new(dir).join(program).is_file())
-}
 
 fn check_prerequisites() {
     assert!(
@@ -238,20 +137,6 @@ fn check_prerequisites() {
             "{program} not found: apt-get install {package} (tests/deps)"
         );
     }
-}
-
-/// A function of tests/lab/lib.sh with its arguments.
-fn lab_sh(args: &[&str]) -> Ran {
-    let mut cmd = Command::new("bash");
-    cmd.args(["-c", ". \"$0\" && \"$@\"", LAB_LIB]).args(args);
-    run_ok(cmd, Duration::from_secs(60))
-}
-
-/// A command inside a namespace.
-fn in_ns(ns: &str, program: &str) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns, program]);
-    c
 }
 
 /// Namespace `tb-TAG-PID` with br0 = 10.99.0.1/24, plus client namespaces

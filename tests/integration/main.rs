@@ -10,3 +10,4 @@ mod daemon;
 mod dhcp;
 mod hardware;
 mod metadata;
+mod netns;

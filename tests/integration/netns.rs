@@ -1,0 +1,134 @@
+//! What the network-namespace tests share: bounded commands (every wait
+//! has a limit, every process is killed by PID when it overruns), commands
+//! inside a namespace, tests/lab/lib.sh, and prerequisite checks.
+
+use std::fs::File;
+use std::io::{Read, Seek};
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub const LAB_LIB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/lab/lib.sh");
+
+/// A finished (or timed-out and killed) command.
+pub struct Ran {
+    pub status: Option<ExitStatus>,
+    pub stdout: String,
+    pub stderr: String,
+    pub took: Duration,
+}
+
+impl Ran {
+    pub fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+
+    pub fn describe(&self) -> String {
+        let st = match self.status {
+            Some(s) => s.to_string(),
+            None => "killed after its time limit".into(),
+        };
+        format!(
+            "{st} after {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.took,
+            self.stdout,
+            tail(&self.stderr, 60)
+        )
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Run `cmd` for at most `limit`, then SIGKILL it by PID. Output goes to
+/// unnamed files, not pipes, so nothing it leaves behind can block us.
+pub fn run(mut cmd: Command, limit: Duration) -> Ran {
+    let mut out = tempfile::tempfile().unwrap();
+    let mut err = tempfile::tempfile().unwrap();
+    let what = format!("{cmd:?}");
+    let started = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(err.try_clone().unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = started.elapsed();
+    let read = |f: &mut File| {
+        let mut s = String::new();
+        f.rewind().unwrap();
+        f.read_to_string(&mut s).unwrap();
+        s
+    };
+    Ran {
+        status,
+        stdout: read(&mut out),
+        stderr: read(&mut err),
+        took,
+    }
+}
+
+#[track_caller]
+pub fn run_ok(cmd: Command, limit: Duration) -> Ran {
+    let what = format!("{cmd:?}");
+    let r = run(cmd, limit);
+    assert!(r.ok(), "{what}: {}", r.describe());
+    r
+}
+
+/// A command inside a namespace.
+pub fn in_ns(ns: &str, program: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, program]);
+    c
+}
+
+/// Poll `f` until it gives a value, for at most `limit`.
+pub fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        == Some("0")
+}
+
+pub fn have(program: &str) -> bool {
+    let path = std::env::var("PATH").unwrap_or_default();
+    path.split(':')
+        .chain(["/usr/sbin", "/sbin"])
+        .any(|dir| Path::new(dir).join(program).is_file())
+}
+
+/// A function of tests/lab/lib.sh with its arguments.
+pub fn lab_sh(args: &[&str]) -> Ran {
+    let mut cmd = Command::new("bash");
+    cmd.args(["-c", ". \"$0\" && \"$@\"", LAB_LIB]).args(args);
+    run_ok(cmd, Duration::from_secs(60))
+}
