@@ -1,7 +1,7 @@
 //! `tinkerbox bmc ...` and `tinkerbox machine netboot`: BMC documents, power,
 //! boot device and jobs through the admin API.
 
-use super::{Client, Output, Target, api_error, encode, read_input, render_table, to_yaml};
+use super::{Client, Output, Target, api_error, encode, read_input, render_table, show};
 use crate::hardware;
 use anyhow::{anyhow, bail};
 use reqwest::Method;
@@ -77,48 +77,7 @@ pub async fn get(
                 .await?
         }
     };
-    match out {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
-        Output::Yaml => print!("{}", to_yaml(&v)?),
-        Output::Table => {
-            let items = if name.is_some() {
-                vec![v]
-            } else {
-                v["items"].as_array().cloned().unwrap_or_default()
-            };
-            let mut rows = vec![vec![
-                "NAME".to_string(),
-                "HOST".into(),
-                "POWER".into(),
-                "CONTACTABLE".into(),
-                "MESSAGE".into(),
-            ]];
-            for m in &items {
-                let cond = m.pointer("/status/conditions/0");
-                rows.push(vec![
-                    m.pointer("/metadata/name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .into(),
-                    m.pointer("/spec/connection/host")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .into(),
-                    m.pointer("/status/powerState")
-                        .and_then(Value::as_str)
-                        .unwrap_or("unknown")
-                        .into(),
-                    cond.and_then(|c| c["status"].as_str())
-                        .unwrap_or("-")
-                        .into(),
-                    cond.and_then(|c| c["message"].as_str())
-                        .unwrap_or("")
-                        .into(),
-                ]);
-            }
-            print!("{}", render_table(&rows));
-        }
-    }
+    show(&v, name.is_some(), out, machines_table)?;
     Ok(())
 }
 
@@ -263,43 +222,70 @@ pub async fn jobs(
                 .await?
         }
     };
-    match out {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
-        Output::Yaml => print!("{}", to_yaml(&v)?),
-        Output::Table => {
-            let items = if name.is_some() {
-                vec![v]
-            } else {
-                v["items"].as_array().cloned().unwrap_or_default()
-            };
-            let mut rows = vec![vec![
-                "NAME".to_string(),
-                "MACHINE".into(),
-                "STATE".into(),
-                "TASKS".into(),
-                "MESSAGE".into(),
-            ]];
-            for j in &items {
-                let states: Vec<&str> = j["task_states"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|s| s["state"].as_str())
-                    .collect();
-                let done = states.iter().filter(|s| **s == "completed").count();
-                rows.push(vec![
-                    j["name"].as_str().unwrap_or("").into(),
-                    j.pointer("/machine/name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("-")
-                        .into(),
-                    j["state"].as_str().unwrap_or("").into(),
-                    format!("{done}/{}", states.len()),
-                    j["message"].as_str().unwrap_or("").into(),
-                ]);
-            }
-            print!("{}", render_table(&rows));
-        }
-    }
+    show(&v, name.is_some(), out, jobs_table)?;
     Ok(())
+}
+
+fn machines_table(items: &[Value]) -> String {
+    let mut rows = vec![vec![
+        "NAME".to_string(),
+        "HOST".into(),
+        "POWER".into(),
+        "CONTACTABLE".into(),
+        "MESSAGE".into(),
+    ]];
+    for m in items {
+        let cond = m.pointer("/status/conditions/0");
+        rows.push(vec![
+            m.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .into(),
+            m.pointer("/spec/connection/host")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .into(),
+            m.pointer("/status/powerState")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown")
+                .into(),
+            cond.and_then(|c| c["status"].as_str())
+                .unwrap_or("-")
+                .into(),
+            cond.and_then(|c| c["message"].as_str())
+                .unwrap_or("")
+                .into(),
+        ]);
+    }
+    render_table(&rows)
+}
+
+fn jobs_table(items: &[Value]) -> String {
+    let mut rows = vec![vec![
+        "NAME".to_string(),
+        "MACHINE".into(),
+        "STATE".into(),
+        "TASKS".into(),
+        "MESSAGE".into(),
+    ]];
+    for j in items {
+        let states: Vec<&str> = j["task_states"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s["state"].as_str())
+            .collect();
+        let done = states.iter().filter(|s| **s == "completed").count();
+        rows.push(vec![
+            j["name"].as_str().unwrap_or("").into(),
+            j.pointer("/machine/name")
+                .and_then(Value::as_str)
+                .unwrap_or("-")
+                .into(),
+            j["state"].as_str().unwrap_or("").into(),
+            format!("{done}/{}", states.len()),
+            j["message"].as_str().unwrap_or("").into(),
+        ]);
+    }
+    render_table(&rows)
 }

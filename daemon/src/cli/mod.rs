@@ -295,19 +295,31 @@ pub async fn get(
                 .await?
         }
     };
+    show(&v, name.is_some(), out, |items| hardware_table(items, all))?;
+    Ok(())
+}
+
+/// Print an API answer (one object, or a list with `items`) as JSON, YAML
+/// or a table of its items.
+pub(crate) fn show(
+    v: &Value,
+    single: bool,
+    out: Output,
+    table: impl Fn(&[Value]) -> String,
+) -> anyhow::Result<()> {
     match out {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
-        Output::Yaml => print!("{}", to_yaml(&v)?),
+        Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
+        Output::Yaml => print!("{}", to_yaml(v)?),
         Output::Table => {
-            let items = match name {
-                Some(_) => vec![v],
-                None => v
-                    .get("items")
+            let items = if single {
+                vec![v.clone()]
+            } else {
+                v.get("items")
                     .and_then(Value::as_array)
                     .cloned()
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
             };
-            print!("{}", hardware_table(&items, all));
+            print!("{}", table(&items));
         }
     }
     Ok(())
