@@ -214,11 +214,15 @@ impl Drop for Lab {
 /// curl inside `ns`: (status, body). Status 0 when nothing answered.
 fn curl(ns: &str, args: &[&str]) -> (u16, String) {
     let mut c = in_ns(ns, "curl");
-    c.args(["-sS", "--max-time", "10", "-o", "-", "-w", "\n%{http_code}"])
+    c.args(["-sS", "--max-time", "30", "-o", "-", "-w", "\n%{http_code}"])
         .args(args);
-    let r = run(c, Duration::from_secs(20));
+    let r = run(c, Duration::from_secs(40));
     let (body, code) = r.stdout.rsplit_once('\n').unwrap_or(("", &r.stdout));
-    (code.trim().parse().unwrap_or(0), body.to_string())
+    match code.trim().parse() {
+        Ok(code) if code > 0 => (code, body.to_string()),
+        // No HTTP answer at all: say why (curl's own error), for the assertion.
+        _ => (0, format!("curl failed in {ns}: {}", r.describe())),
+    }
 }
 
 /// GET `path` from `ns` with extra headers.
