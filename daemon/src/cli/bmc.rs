@@ -53,30 +53,10 @@ pub async fn get(
     namespace: Option<&str>,
     out: Output,
 ) -> anyhow::Result<()> {
-    let client = Client::new(t)?;
     let ns = namespace.unwrap_or(hardware::DEFAULT_NAMESPACE).to_string();
-    let v = match name {
-        Some(n) => {
-            client
-                .call_ok(
-                    Method::GET,
-                    &format!("/api/v1/bmc/machines/{}", encode(n)),
-                    &[("namespace", ns)],
-                    None,
-                )
-                .await?
-        }
-        None => {
-            client
-                .call_ok(
-                    Method::GET,
-                    "/api/v1/bmc/machines",
-                    &[("namespace", ns)],
-                    None,
-                )
-                .await?
-        }
-    };
+    let v = Client::new(t)?
+        .get_one_or_list("/api/v1/bmc/machines", name, Some(ns))
+        .await?;
     show(&v, name.is_some(), out, machines_table)?;
     Ok(())
 }
@@ -203,25 +183,11 @@ pub async fn jobs(
     namespace: Option<&str>,
     out: Output,
 ) -> anyhow::Result<()> {
-    let client = Client::new(t)?;
     let ns = namespace.unwrap_or(hardware::DEFAULT_NAMESPACE).to_string();
-    let v = match name {
-        Some(n) => {
-            client
-                .call_ok(
-                    Method::GET,
-                    &format!("/api/v1/bmc/jobs/{}", encode(n)),
-                    &[("namespace", ns)],
-                    None,
-                )
-                .await?
-        }
-        None => {
-            client
-                .call_ok(Method::GET, "/api/v1/bmc/jobs", &[], None)
-                .await?
-        }
-    };
+    // Jobs are listed across namespaces.
+    let v = Client::new(t)?
+        .get_one_or_list("/api/v1/bmc/jobs", name, (name.is_some()).then_some(ns))
+        .await?;
     show(&v, name.is_some(), out, jobs_table)?;
     Ok(())
 }

@@ -143,6 +143,25 @@ impl Client {
         Ok((status, value))
     }
 
+    /// `GET base/NAME` (one object) or `GET base` (a list), in a namespace
+    /// (`None`: every namespace).
+    async fn get_one_or_list(
+        &self,
+        base: &str,
+        name: Option<&str>,
+        namespace: Option<String>,
+    ) -> anyhow::Result<Value> {
+        let query: Vec<(&str, String)> =
+            namespace.map(|ns| ("namespace", ns)).into_iter().collect();
+        match name {
+            Some(n) => {
+                self.call_ok(Method::GET, &format!("{base}/{}", encode(n)), &query, None)
+                    .await
+            }
+            None => self.call_ok(Method::GET, base, &query, None).await,
+        }
+    }
+
     async fn call_ok(
         &self,
         method: Method,
@@ -271,30 +290,12 @@ pub async fn get(
     all: bool,
     out: Output,
 ) -> anyhow::Result<()> {
-    let client = Client::new(t)?;
     let ns = namespace.unwrap_or(hardware::DEFAULT_NAMESPACE).to_string();
-    let v = match name {
-        Some(n) => {
-            client
-                .call_ok(
-                    Method::GET,
-                    &format!("/api/v1/hardware/{}", encode(n)),
-                    &[("namespace", ns)],
-                    None,
-                )
-                .await?
-        }
-        None if all => {
-            client
-                .call_ok(Method::GET, "/api/v1/hardware", &[], None)
-                .await?
-        }
-        None => {
-            client
-                .call_ok(Method::GET, "/api/v1/hardware", &[("namespace", ns)], None)
-                .await?
-        }
-    };
+    // A list with -A spans every namespace.
+    let ns = (name.is_some() || !all).then_some(ns);
+    let v = Client::new(t)?
+        .get_one_or_list("/api/v1/hardware", name, ns)
+        .await?;
     show(&v, name.is_some(), out, |items| hardware_table(items, all))?;
     Ok(())
 }
