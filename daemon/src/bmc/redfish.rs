@@ -40,7 +40,7 @@ pub async fn power(t: &Target, action: PowerAction) -> Result<PowerState, BmcErr
 }
 
 /// Set the next boot device (`persistent`: every boot, else once) and, when
-/// the BMC accepts it, the boot mode (`efi`: UEFI, else Legacy).
+/// the system reports a different one, the boot mode (`efi`: UEFI, else Legacy).
 ///
 /// A BMC that answers 400 to `BootSourceOverrideMode` (some reject the field,
 /// or the mode they cannot do) gets the same request again without it: the
@@ -95,6 +95,17 @@ pub fn boot_target(dev: BootDevice) -> &'static str {
         BootDevice::Bios => "BiosSetup",
         BootDevice::Cdrom => "Cd",
     }
+}
+
+/// Whether the `PATCH` should carry `BootSourceOverrideMode`: only when the
+/// system reports a mode and it is not the one wanted. A system that does
+/// not report the property does not support it (Redfish: unknown properties
+/// are refused), and changing a mode is not free on every BMC (sushy's
+/// libvirt driver rebuilds the domain's loader, and fails for a SeaBIOS
+/// domain asked for Legacy). The device is what matters.
+fn mode_needs_setting(current: Option<&str>, efi: bool) -> bool {
+    let want = if efi { "UEFI" } else { "Legacy" };
+    current.is_some_and(|c| !c.eq_ignore_ascii_case(want))
 }
 
 /// The body of the boot override `PATCH`.
@@ -727,7 +738,12 @@ impl<'a> Conn<'a> {
         efi: bool,
     ) -> Result<(), BmcError> {
         let sys = self.system(root).await?;
-        let mut with_mode = true;
+        let mut with_mode = mode_needs_setting(
+            sys.json
+                .pointer("/Boot/BootSourceOverrideMode")
+                .and_then(Value::as_str),
+            efi,
+        );
         let mut if_match: Option<&str> = None;
         // At most: once plain, once with If-Match, once without the mode.
         for _ in 0..3 {
@@ -850,6 +866,17 @@ mod tests {
         assert_eq!(boot_target(BootDevice::Disk), "Hdd");
         assert_eq!(boot_target(BootDevice::Bios), "BiosSetup");
         assert_eq!(boot_target(BootDevice::Cdrom), "Cd");
+    }
+
+    #[test]
+    fn boot_mode_only_when_it_changes() {
+        assert!(!mode_needs_setting(Some("UEFI"), true));
+        assert!(!mode_needs_setting(Some("legacy"), false));
+        assert!(mode_needs_setting(Some("UEFI"), false));
+        assert!(mode_needs_setting(Some("Legacy"), true));
+        // Not reported: not supported, so not sent.
+        assert!(!mode_needs_setting(None, true));
+        assert!(!mode_needs_setting(None, false));
     }
 
     #[test]
