@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""The table of tests/bench/run: tinkerbox against each anchor, as ratios.
+
+    report.py RESULTS.jsonl [--markdown]
+
+"x" is tinkerbox's advantage: anchor time / tinkerbox time, or tinkerbox
+rate / anchor rate (above 1: tinkerbox is better). The goal column is the
+issue's goal for that line; "met" only reports it (benchmarks are no tests).
+"""
+import json
+import sys
+
+
+def load(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                rows.append(json.loads(line))
+    return rows
+
+
+def find(rows, section, server, config):
+    for r in rows:
+        if r["section"] == section and r["server"] == server and r["config"] == config:
+            return r
+    return None
+
+
+def fmt(v, unit=""):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if v >= 100:
+            s = f"{v:.0f}"
+        elif v >= 10:
+            s = f"{v:.1f}"
+        else:
+            s = f"{v:.2f}"
+    else:
+        s = str(v)
+    return s + unit
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def main():
+    rows = load(sys.argv[1])
+    md = "--markdown" in sys.argv
+    out = []  # (measure, tinkerbox, anchor, anchor value, x, goal, met)
+
+    def add(measure, tbv, anchor, av, x, goal="", met=None, unit=""):
+        out.append((measure, fmt(tbv, unit), anchor, fmt(av, unit), "-" if x is None else f"{x:.2f}x",
+                    goal, "" if met is None else ("yes" if met else "NO")))
+
+    host = next((r for r in rows if r["section"] == "host"), None)
+    sizes = sorted({int(r["config"]) for r in rows if r["section"] == "dhcp" and r["config"].isdigit()})
+    big = sizes[-1] if sizes else None
+
+    def best(r):
+        return (r or {}).get("best") or {}
+
+    def bound(b):
+        return " (generator-bound)" if b.get("limit") == "generator" else ""
+
+    # DHCP: DORA/s at < 1% loss.
+    for n in sizes:
+        tb = best(find(rows, "dhcp", "tinkerbox", str(n)))
+        tbv = tb.get("dora_per_s")
+        first = True
+        for anchor in ("dnsmasq-default", "dnsmasq-tuned", "kea-default", "kea-tuned"):
+            a = best(find(rows, "dhcp", anchor, str(n)))
+            if not find(rows, "dhcp", anchor, str(n)):
+                continue
+            x = ratio(tbv, a.get("dora_per_s")) if a else None
+            goal = ">= 2x" if n == big else ""
+            add(f"DHCP DORA/s <1% loss, {n} res.{bound(tb) if first else ''}", tbv, anchor + bound(a),
+                a.get("dora_per_s") or 0.0, x, goal, None if not goal or x is None else x >= 2)
+            first = False
+        if first and tbv is not None:
+            add(f"DHCP DORA/s <1% loss, {n} res.{bound(tb)}", tbv, "-", None, None)
+    if big is not None:
+        tb = best(find(rows, "dhcp", "tinkerbox", f"{big}-pxe"))
+        for anchor in ("dnsmasq-tuned", "kea-tuned"):
+            a = best(find(rows, "dhcp", anchor, f"{big}-pxe"))
+            if find(rows, "dhcp", anchor, f"{big}-pxe"):
+                add(f"DHCP DORA/s PXE (93/60), {big} res.", tb.get("dora_per_s"), anchor,
+                    a.get("dora_per_s") or 0.0, ratio(tb.get("dora_per_s"), a.get("dora_per_s")))
+        # Reply latency at each server's best rate.
+        tb = best(find(rows, "dhcp", "tinkerbox", str(big)))
+        tl = tb.get("lat_ms") or {}
+        for anchor in ("dnsmasq-tuned", "kea-tuned"):
+            a = best(find(rows, "dhcp", anchor, str(big)))
+            al = a.get("lat_ms") or {}
+            if find(rows, "dhcp", anchor, str(big)):
+                add(f"DHCP reply p99 ms at best rate, {big}", tl.get("p99"), anchor, al.get("p99"),
+                    ratio(al.get("p99"), tl.get("p99")), "< 1 ms",
+                    None if tl.get("p99") is None else tl["p99"] < 1.0)
+    for r in rows:
+        if r["section"] == "dhcp-fixed":
+            l = r.get("lat_ms") or {}
+            add(f"DHCP at {r['target']}/s, {r['config']} res.: p50/p99/max ms",
+                f"{fmt(l.get('p50'))}/{fmt(l.get('p99'))}/{fmt(l.get('max'))}", "-",
+                None, None, "unchanged by size")
+        if r["section"] == "dhcp-apply":
+            l = r.get("lat_ms") or {}
+            add(f"DHCP at {r['target']}/s during a {r.get('apply_n')}-record apply ({fmt(r.get('apply_s'))} s): "
+                f"p99/max ms, loss", f"{fmt(l.get('p99'))}/{fmt(l.get('max'))}, {r['loss'] * 100:.2f}%",
+                "-", None, None, "no stall")
+
+    # TFTP: storm time.
+    for r in rows:
+        if r["section"] != "tftp" or r["server"] != "tinkerbox":
+            continue
+        mode = r["config"]
+        for anchor in ("tftpd-hpa", "dnsmasq"):
+            a = find(rows, "tftp", anchor, mode)
+            if not a:
+                continue
+            x = ratio(a.get("seconds"), r.get("seconds")) if r.get("failed") == 0 else None
+            goal = ">= 5x" if anchor == "tftpd-hpa" and not mode.endswith("-w1") else ""
+            add(f"TFTP storm {r['clients']} x ipxe.efi, {mode}: s (fails)",
+                f"{fmt(r['seconds'])} ({r['failed']})", anchor, f"{fmt(a['seconds'])} ({a['failed']})", x, goal,
+                None if not goal or x is None else x >= 5)
+
+    # Metadata: requests/s at 64 connections.
+    for cfg in ("instance-id", "metadata"):
+        tb, a = find(rows, "metadata", "tinkerbox", cfg), find(rows, "metadata", "nginx", cfg)
+        if tb and a:
+            x = ratio(tb.get("rps"), a.get("rps"))
+            add(f"metadata {cfg}: req/s, 64 conns", tb.get("rps"), "nginx static", a.get("rps"), x,
+                ">= 0.8x", None if x is None else x >= 0.8)
+            add(f"metadata {cfg}: p99 ms", tb.get("p99_ms"), "nginx static", a.get("p99_ms"),
+                ratio(a.get("p99_ms"), tb.get("p99_ms")))
+
+    # Artifacts.
+    for r in rows:
+        if r["section"] == "artifacts" and r["server"] == "tinkerbox":
+            a = find(rows, "artifacts", "nginx", r["config"])
+            if a:
+                x = ratio(r.get("mb_per_s"), a.get("mb_per_s"))
+                add(f"artifacts {r['config']} parallel: MB/s", r.get("mb_per_s"), "nginx sendfile",
+                    a.get("mb_per_s"), x, ">= 0.9x", None if x is None else x >= 0.9)
+
+    # Scale.
+    for r in rows:
+        if r["section"] == "scale":
+            n = int(r["config"])
+            add(f"RSS MiB idle, {n} records", r.get("rss_mib"), "-", None, None,
+                "< 100" if n >= 100000 else "", (r.get("rss_mib") or 1e9) < 100 if n >= 100000 else None)
+            add(f"start-up ms, {n} records", r.get("startup_ms"), "-", None, None,
+                "< 1000" if n >= 100000 else "", (r.get("startup_ms") or 1e9) < 1000 if n >= 100000 else None)
+    for r in rows:
+        if r["section"] == "dhcp-ready":
+            add(f"{r['server']} ready with {r['config']} hosts: s / RSS MiB", "-", r["server"],
+                f"{r.get('ready_s')} / {r.get('rss_mib')}", None)
+        if r["section"] == "tinkerbox" and r["config"].startswith("rss-"):
+            add(f"tinkerbox serving, {r['config']}: RSS MiB", r.get("rss_mib"), "-", None, None)
+
+    head = ("measure", "tinkerbox", "anchor", "anchor value", "x", "goal", "met")
+    if host:
+        print(f"# {host.get('date')} on {host['server']}: {host.get('cpu')} x{host.get('cpus')}, "
+              f"{host.get('mem_mib')} MiB, Linux {host.get('kernel')}, Debian {host.get('debian')}, "
+              f"tinkerbox {host.get('git')}")
+    total = next((r for r in rows if r["section"] == "run"), None)
+    if md:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for row in out:
+            print("| " + " | ".join(row) + " |")
+    else:
+        w = [max(len(str(x[i])) for x in out + [head]) for i in range(len(head))]
+        for row in [head] + out:
+            print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(row)).rstrip())
+    if total:
+        print(f"({total['config']} run: {total['seconds']} s)")
+
+
+if __name__ == "__main__":
+    main()
