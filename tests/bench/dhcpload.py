@@ -202,7 +202,7 @@ def main():
             rate *= 2
         else:
             fail = r
-            if best is not None or rate <= 50 or a.start >= a.max:
+            if best is not None or rate <= 10 or a.start >= a.max:
                 break
             rate //= 2
     for _ in range(2):

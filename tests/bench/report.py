@@ -2,6 +2,7 @@
 """The table of tests/bench/run: tinkerbox against each anchor, as ratios.
 
     report.py RESULTS.jsonl [--markdown]
+    report.py RESULTS.jsonl --check     exit 1 when a section's figures are missing (smoke run)
 
 "x" is tinkerbox's advantage: anchor time / tinkerbox time, or tinkerbox
 rate / anchor rate (above 1: tinkerbox is better). The goal column is the
@@ -49,9 +50,31 @@ def ratio(a, b):
     return a / b
 
 
+def check(rows):
+    """--check (the smoke run): every section that ran produced parsed figures."""
+    bad = []
+    for r in rows:
+        sec = r["section"]
+        if sec == "dhcp" and not (r.get("best") or {}).get("dora_per_s"):
+            bad.append(r)
+        elif sec == "tftp" and (not r.get("ok") or r.get("failed")):
+            bad.append(r)
+        elif sec == "metadata" and (not r.get("rps") or r.get("errors")):
+            bad.append(r)
+        elif sec == "artifacts" and (not r.get("mb_per_s") or r.get("failed")):
+            bad.append(r)
+        elif sec == "scale" and r.get("startup_ms") is None:
+            bad.append(r)
+    for r in bad:
+        print("no usable figures:", json.dumps(r), file=sys.stderr)
+    return not bad
+
+
 def main():
     rows = load(sys.argv[1])
     md = "--markdown" in sys.argv
+    if "--check" in sys.argv:
+        sys.exit(0 if check(rows) else 1)
     out = []  # (measure, tinkerbox, anchor, anchor value, x, goal, met)
 
     def add(measure, tbv, anchor, av, x, goal="", met=None, unit=""):
@@ -164,7 +187,7 @@ def main():
 
     head = ("measure", "tinkerbox", "anchor", "anchor value", "x", "goal", "met")
     if host:
-        print(f"# {host.get('date')} on {host['server']}: {host.get('cpu')} x{host.get('cpus')}, "
+        print(f"{host.get('date')} on {host['server']}: {host.get('cpu')} x{host.get('cpus')}, "
               f"{host.get('mem_mib')} MiB, Linux {host.get('kernel')}, Debian {host.get('debian')}, "
               f"tinkerbox {host.get('git')}")
     total = next((r for r in rows if r["section"] == "run"), None)
@@ -177,6 +200,33 @@ def main():
         w = [max(len(str(x[i])) for x in out + [head]) for i in range(len(head))]
         for row in [head] + out:
             print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(row)).rstrip())
+    # DHCP detail: who was the bottleneck. CPU is in cores (1.00 = one core
+    # busy for the whole step); the generators are perfdhcp, all together.
+    det = []
+    for r in rows:
+        if r["section"] != "dhcp":
+            continue
+        b, f = r.get("best") or {}, r.get("first_fail") or {}
+        l = b.get("lat_ms") or {}
+        cores = lambda s, k: None if not s or s.get(k) is None else s[k] / s["secs"]
+        det.append((r["server"], r["config"], fmt(b.get("dora_per_s")), fmt(f.get("target")),
+                    f"{fmt(l.get('min'))}/{fmt(l.get('avg'))}/{fmt(l.get('max'))}/{fmt(l.get('stddev'))}",
+                    f"{fmt(l.get('p50'))}/{fmt(l.get('p99'))}",
+                    fmt(cores(b, "server_cpu_s")), fmt(cores(b, "gen_cpu_s")),
+                    fmt(cores(f, "server_cpu_s")), fmt(cores(f, "gen_cpu_s"))))
+    if det:
+        h2 = ("server", "records", "DORA/s", "failed at", "min/avg/max/sd ms", "p50/p99 ms",
+              "srv cores", "gen cores", "srv cores@fail", "gen cores@fail")
+        print()
+        if md:
+            print("| " + " | ".join(h2) + " |")
+            print("|" + "---|" * len(h2))
+            for row in det:
+                print("| " + " | ".join(row) + " |")
+        else:
+            w = [max(len(str(x[i])) for x in det + [h2]) for i in range(len(h2))]
+            for row in [h2] + det:
+                print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(row)).rstrip())
     if total:
         print(f"({total['config']} run: {total['seconds']} s)")
 
