@@ -1,79 +1,142 @@
 //! The in-memory inventory every hot path reads: machines by MAC, by IP and
 //! by name, in an immutable snapshot swapped atomically (arc-swap) after each
 //! committed write. Readers never lock and never touch SQLite.
+//!
+//! Each machine is one compact [`Record`] (key, MACs, IPs, packed spec),
+//! shared by the three indexes; the typed spec is parsed from it when a
+//! path needs it ([`Record::machine`]). 100,000 machines take about 40 MB.
 
-use crate::hardware::{Key, Mac, Machine};
+use crate::hardware::{Key, Mac, Machine, Record};
 use arc_swap::ArcSwap;
-use std::collections::HashMap;
-use std::net::IpAddr;
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
+
+/// A record in the by-name index, hashed and compared by its key, so that
+/// the key is stored once (in the record) instead of again as a map key.
+#[derive(Clone)]
+struct ByKey(Arc<Record>);
+
+impl PartialEq for ByKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
+impl Eq for ByKey {}
+
+impl Hash for ByKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.0.key.hash(h)
+    }
+}
+
+impl Borrow<Key> for ByKey {
+    fn borrow(&self) -> &Key {
+        &self.0.key
+    }
+}
 
 #[derive(Default, Clone)]
 pub struct Snapshot {
-    by_key: HashMap<Key, Arc<Machine>>,
-    by_mac: HashMap<Mac, Arc<Machine>>,
-    by_ip: HashMap<IpAddr, Arc<Machine>>,
+    by_key: HashSet<ByKey>,
+    by_mac: HashMap<Mac, Arc<Record>>,
+    /// IPv4 and IPv6 apart: an `IpAddr` key takes 17 bytes (24 with the
+    /// padding next to a pointer), an `Ipv4Addr` 4.
+    by_v4: HashMap<Ipv4Addr, Arc<Record>>,
+    by_v6: HashMap<Ipv6Addr, Arc<Record>>,
 }
 
 impl Snapshot {
-    pub fn build(machines: impl IntoIterator<Item = Machine>) -> Snapshot {
-        let mut s = Snapshot::default();
+    /// From typed machines (tests, small sets) or ready records (start-up).
+    pub fn build<R: Into<Record>>(machines: impl IntoIterator<Item = R>) -> Snapshot {
+        let machines = machines.into_iter();
+        let n = machines.size_hint().0;
+        let mut s = Snapshot {
+            by_key: HashSet::with_capacity(n),
+            by_mac: HashMap::with_capacity(n),
+            by_v4: HashMap::with_capacity(n),
+            by_v6: HashMap::default(),
+        };
         for m in machines {
-            s.insert(Arc::new(m));
+            s.insert(Arc::new(m.into()));
         }
         s
     }
 
-    pub fn by_mac(&self, mac: &Mac) -> Option<&Arc<Machine>> {
+    pub fn by_mac(&self, mac: &Mac) -> Option<&Arc<Record>> {
         self.by_mac.get(mac)
     }
 
     /// IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`, what a dual-stack
     /// `[::]` listener sees for IPv4 peers) find the IPv4 machine.
-    pub fn by_ip(&self, ip: &IpAddr) -> Option<&Arc<Machine>> {
-        self.by_ip.get(&ip.to_canonical())
+    pub fn by_ip(&self, ip: &IpAddr) -> Option<&Arc<Record>> {
+        match ip.to_canonical() {
+            IpAddr::V4(a) => self.by_v4.get(&a),
+            IpAddr::V6(a) => self.by_v6.get(&a),
+        }
     }
 
-    pub fn by_key(&self, key: &Key) -> Option<&Arc<Machine>> {
-        self.by_key.get(key)
+    pub fn by_key(&self, key: &Key) -> Option<&Arc<Record>> {
+        self.by_key.get(key).map(|b| &b.0)
     }
 
     pub fn len(&self) -> usize {
         self.by_key.len()
     }
 
-    pub fn machines(&self) -> impl Iterator<Item = &Arc<Machine>> {
-        self.by_key.values()
+    pub fn machines(&self) -> impl Iterator<Item = &Arc<Record>> {
+        self.by_key.iter().map(|b| &b.0)
     }
 
     pub fn is_empty(&self) -> bool {
         self.by_key.is_empty()
     }
 
-    fn insert(&mut self, m: Arc<Machine>) {
-        self.remove(&m.key);
-        for mac in &m.macs {
-            self.by_mac.insert(*mac, m.clone());
+    fn insert(&mut self, m: Arc<Record>) {
+        // One hash of the key, not two (a lookup, then an insert): at
+        // start-up this runs 100,000 times.
+        if let Some(ByKey(old)) = self.by_key.replace(ByKey(m.clone())) {
+            self.unindex(&old);
         }
-        for ip in &m.ips {
-            self.by_ip.insert(*ip, m.clone());
+        for mac in m.macs() {
+            self.by_mac.insert(mac, m.clone());
         }
-        self.by_key.insert(m.key.clone(), m);
+        for ip in m.ips() {
+            match ip {
+                IpAddr::V4(a) => self.by_v4.insert(a, m.clone()),
+                IpAddr::V6(a) => self.by_v6.insert(a, m.clone()),
+            };
+        }
     }
 
     fn remove(&mut self, key: &Key) {
-        if let Some(old) = self.by_key.remove(key) {
-            // Only drop entries still pointing at this machine: within one
-            // patch another machine may already have taken the MAC or IP.
-            for mac in &old.macs {
-                if self.by_mac.get(mac).is_some_and(|m| m.key == *key) {
-                    self.by_mac.remove(mac);
-                }
+        if let Some(ByKey(old)) = self.by_key.take(key) {
+            self.unindex(&old);
+        }
+    }
+
+    /// Drop the MAC and IP entries of a machine that left the by-name index.
+    /// Only those still pointing at it: within one patch another machine
+    /// may already have taken the MAC or IP.
+    fn unindex(&mut self, old: &Record) {
+        let key = &old.key;
+        for mac in old.macs() {
+            if self.by_mac.get(&mac).is_some_and(|m| m.key == *key) {
+                self.by_mac.remove(&mac);
             }
-            for ip in &old.ips {
-                if self.by_ip.get(ip).is_some_and(|m| m.key == *key) {
-                    self.by_ip.remove(ip);
+        }
+        for ip in old.ips() {
+            match ip {
+                IpAddr::V4(a) if self.by_v4.get(&a).is_some_and(|m| m.key == *key) => {
+                    self.by_v4.remove(&a);
                 }
+                IpAddr::V6(a) if self.by_v6.get(&a).is_some_and(|m| m.key == *key) => {
+                    self.by_v6.remove(&a);
+                }
+                _ => {}
             }
         }
     }
@@ -112,7 +175,7 @@ impl Inventory {
             next.remove(k);
         }
         for m in patch.upsert {
-            next.insert(Arc::new(m));
+            next.insert(Arc::new(Record::from(m)));
         }
         let n = next.len();
         self.current.store(Arc::new(next));
@@ -179,5 +242,42 @@ mod tests {
         assert!(now.by_mac(&mac2).is_none());
         assert!(now.by_key(&Key::new("default", "a")).is_none());
         assert_eq!(now.len(), 1);
+    }
+
+    #[test]
+    fn replacing_a_machine_drops_its_old_keys() {
+        let two = Machine {
+            key: Key::new("lab", "x"),
+            spec: HardwareSpec {
+                user_data: Some("#cloud-config\n".into()),
+                ..Default::default()
+            },
+            macs: vec![
+                "52:54:00:00:00:0a".parse().unwrap(),
+                "52:54:00:00:00:0b".parse().unwrap(),
+            ],
+            ips: vec!["10.0.0.10".parse().unwrap(), "fd00::10".parse().unwrap()],
+        };
+        let snap = Snapshot::build([two.clone()]);
+        let v6: IpAddr = "fd00::10".parse().unwrap();
+        let got = snap.by_ip(&v6).unwrap();
+        assert_eq!(got.machine(), two);
+        assert!(Arc::ptr_eq(got, snap.by_key(&two.key).unwrap()));
+
+        let inv = Inventory::new(snap);
+        let mut one = machine("x", "52:54:00:00:00:0b", "fd00::11");
+        one.key.namespace = "lab".into();
+        inv.apply(Patch {
+            upsert: vec![one.clone()],
+            delete: vec![],
+        });
+        let now = inv.snapshot();
+        assert_eq!(now.len(), 1);
+        assert!(now.by_ip(&v6).is_none());
+        assert!(now.by_ip(&"10.0.0.10".parse().unwrap()).is_none());
+        assert!(now.by_mac(&"52:54:00:00:00:0a".parse().unwrap()).is_none());
+        let m = now.by_mac(&"52:54:00:00:00:0b".parse().unwrap()).unwrap();
+        assert_eq!(m.machine(), one);
+        assert_eq!(now.machines().count(), 1);
     }
 }

@@ -29,9 +29,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let store = Store::open(&config.db_path())
         .await
         .with_context(|| format!("opening {}", config.db_path().display()))?;
-    let machines = store.load_machines().await?;
-    let n = machines.len();
-    let inventory = Arc::new(Inventory::new(Snapshot::build(machines)));
+    let records = store.load_records().await?;
+    let n = records.len();
+    let inventory = Arc::new(Inventory::new(Snapshot::build(records)));
     tracing::info!(
         hardware = n,
         elapsed_ms = started.elapsed().as_millis() as u64,

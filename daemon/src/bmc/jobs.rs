@@ -227,8 +227,7 @@ impl Runner {
         let snap = self.inventory.snapshot();
         snap.machines()
             .find(|m| {
-                m.key.namespace == bmc.namespace
-                    && m.spec.bmc_ref.as_ref().is_some_and(|r| r.name == bmc.name)
+                m.key.namespace == bmc.namespace && m.bmc_ref().is_some_and(|r| r.name == bmc.name)
             })
             .map(|m| m.key.clone())
             .unwrap_or_else(|| bmc.clone())

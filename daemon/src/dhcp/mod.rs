@@ -245,14 +245,15 @@ pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outc
         Ok(c) => c,
         Err(why) => return Outcome::Ignore(why),
     };
-    let machine = snap.by_mac(&c.mac);
+    // The typed view, parsed from the compact record: this reply needs it.
+    let machine = snap.by_mac(&c.mac).map(|r| r.machine());
     if s.mode.is_proxy() {
-        return proxy(req, port, &c, machine.map(|m| m.as_ref()), s);
+        return proxy(req, port, &c, machine.as_ref(), s);
     }
     if port == Port::Proxy {
         return Outcome::Ignore("proxy_port_in_reservation_mode");
     }
-    let Some(m) = machine else {
+    let Some(m) = &machine else {
         return Outcome::Ignore("unknown_mac");
     };
     let Some(iface) = m.interface(c.mac) else {

@@ -6,9 +6,11 @@
 //! [`HardwareSpec`] is a checked view of it.
 
 pub mod mac;
+pub mod record;
 pub mod spec;
 
 pub use mac::Mac;
+pub use record::Record;
 pub use spec::HardwareSpec;
 
 use serde_json::{Map, Value};
@@ -79,8 +81,9 @@ pub struct Hardware {
     pub machine: Machine,
 }
 
-/// What the hot paths know of a Hardware: its identity, typed spec and the
-/// keys it is found by. The in-memory inventory holds these.
+/// A Hardware's typed view: its identity, spec and the keys it is found
+/// by. The inventory keeps each as a compact [`Record`] and gives this view
+/// back on demand ([`Record::machine`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Machine {
     pub key: Key,
@@ -322,43 +325,6 @@ pub fn validate(mut doc: Value) -> Result<Hardware, FieldError> {
     })
 }
 
-/// A stored document (validated when it was applied) straight into its
-/// machine view, without building a JSON tree first: the start-up path,
-/// where 100,000 documents must load in well under a second.
-pub fn machine_from_stored(key: Key, text: &str) -> Result<Machine, String> {
-    #[derive(serde::Deserialize)]
-    struct Stored {
-        #[serde(default)]
-        spec: Option<HardwareSpec>,
-    }
-    let st: Stored = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    let spec = st.spec.unwrap_or_default();
-    let mut macs = Vec::new();
-    let mut ips = Vec::new();
-    for d in spec.interfaces.iter().filter_map(|i| i.dhcp.as_ref()) {
-        if let Some(mac) = d.mac.as_deref().and_then(|m| m.parse::<Mac>().ok())
-            && !macs.contains(&mac)
-        {
-            macs.push(mac);
-        }
-        let ip =
-            d.ip.as_ref()
-                .and_then(|ip| non_empty(&ip.address))
-                .and_then(|a| a.parse::<IpAddr>().ok());
-        if let Some(ip) = ip
-            && !ips.contains(&ip)
-        {
-            ips.push(ip);
-        }
-    }
-    Ok(Machine {
-        key,
-        spec,
-        macs,
-        ips,
-    })
-}
-
 fn non_empty(s: &Option<String>) -> Option<&str> {
     s.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
@@ -520,19 +486,6 @@ mod tests {
         d["metadata"] = json!({});
         assert_eq!(validate(d).unwrap_err().field, "metadata.name");
         assert_eq!(validate(json!("x")).unwrap_err().field, "");
-    }
-
-    #[test]
-    fn stored_documents_load_to_the_same_machine() {
-        let doc = hw(json!({"interfaces": [
-            {"dhcp": {"mac": "52-54-00-AA-BB-CC", "ip": {"address": "10.0.0.5", "netmask": "255.255.255.0"},
-                      "name_servers": ["1.1.1.1"]}, "netboot": {"allowPXE": true}},
-            {"dhcp": {"mac": "52:54:00:aa:bb:cd", "ip": {"address": "10.0.0.5"}}, "extra": 1}],
-            "metadata": {"instance": {"id": "i-1", "storage": {"disks": [{"device": "/dev/sda"}]}}},
-            "userData": "#cloud-config\n", "unknown": {"x": [1]}}));
-        let h = validate(doc).unwrap();
-        let loaded = machine_from_stored(h.machine.key.clone(), &h.doc.to_string()).unwrap();
-        assert_eq!(loaded, h.machine);
     }
 
     #[test]

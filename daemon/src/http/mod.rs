@@ -112,7 +112,7 @@ async fn script_by_ip(
         );
     };
     // The interface holding that IP.
-    let mac = m.spec.interfaces.iter().find_map(|i| {
+    let mac = m.spec().interfaces.iter().find_map(|i| {
         let d = i.dhcp.as_ref()?;
         let ip =
             d.ip.as_ref()?
@@ -150,7 +150,7 @@ fn serve_script(
         return not_found(app, "script", format!("no Hardware has MAC {mac}"));
     };
     let key = key.unwrap_or_else(|| m.key.clone());
-    match ipxe::script(m, mac, &app.script_settings()) {
+    match ipxe::script(&m.machine(), mac, &app.script_settings()) {
         Ok(text) => {
             app.metrics.boot("script", 200);
             app.events.record(

@@ -91,7 +91,7 @@ fn caller(
     app: &App,
     peer: SocketAddr,
     headers: &HeaderMap,
-) -> Result<(IpAddr, Arc<Machine>), Box<Response>> {
+) -> Result<(IpAddr, Machine), Box<Response>> {
     let ip = client_ip(peer.ip(), headers, &app.config.metadata.trusted_proxies);
     match headers.get(TOKEN).map(|t| t.to_str().unwrap_or("")) {
         Some(t) => {
@@ -113,7 +113,7 @@ fn caller(
         None => {}
     }
     match app.inventory.snapshot().by_ip(&ip) {
-        Some(m) => Ok((ip, m.clone())),
+        Some(m) => Ok((ip, m.machine())),
         None => Err(refuse(
             app,
             StatusCode::NOT_FOUND,

@@ -4,12 +4,13 @@
 //! the [`crate::inventory`] is rebuilt from it.
 
 use crate::events::Event;
-use crate::hardware::{self, Hardware, Key, Machine};
+use crate::hardware::{Hardware, Key, Record};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::Row;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
 };
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -115,19 +116,66 @@ impl Store {
         Ok(Store { pool })
     }
 
-    /// Every stored Hardware as the inventory holds it, streamed row by row
-    /// so that start-up never holds all documents at once.
-    pub async fn load_machines(&self) -> Result<Vec<Machine>, StoreError> {
-        use futures_lite::StreamExt;
-        let mut rows =
-            sqlx::query("SELECT namespace, name, doc FROM hardware ORDER BY id").fetch(&self.pool);
-        let mut out = Vec::new();
-        while let Some(r) = rows.next().await {
-            let r = r?;
-            let key = Key::new(r.get::<String, _>(0), r.get::<String, _>(1));
-            let m = hardware::machine_from_stored(key.clone(), r.get::<&str, _>(2))
-                .map_err(|e| StoreError::Corrupt(key, e))?;
-            out.push(m);
+    /// Every stored Hardware as the inventory holds it.
+    ///
+    /// Documents come a page per row, joined by SQLite: sqlx passes each row
+    /// from its SQLite thread to ours through a channel, and at 100,000 rows
+    /// the thread wake-ups took longer (~0.6 s) than SQLite and parsing
+    /// together. The separators are ASCII RS and US, which neither names
+    /// (RFC 1123) nor JSON text (control characters only escaped) contain.
+    /// The next page is read while this one is parsed. Parsing stays on one
+    /// thread: spread over threads (and so malloc arenas) it was 30% faster
+    /// but left 15-30 MiB more resident, in holes between records.
+    pub async fn load_records(&self) -> Result<Vec<Record>, StoreError> {
+        // Small enough that a page (~200 KB) does not leave a large hole.
+        const PAGE: i64 = 500;
+        // One connection for the whole scan, so that one page cache fills
+        // (not one per pooled connection), and is emptied at the end.
+        let mut conn = self.pool.acquire().await?;
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM hardware")
+            .fetch_one(&mut *conn)
+            .await?;
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<SqliteRow, sqlx::Error>>(2);
+        let reader = tokio::spawn(async move {
+            let mut after = 0i64;
+            loop {
+                let page = sqlx::query(
+                    "SELECT max(id), group_concat(namespace || char(31) || name || char(31) || doc, char(30))
+                     FROM (SELECT id, namespace, name, doc FROM hardware WHERE id > ? ORDER BY id LIMIT ?)",
+                )
+                .bind(after)
+                .bind(PAGE)
+                .fetch_one(&mut *conn)
+                .await;
+                let next = match page.and_then(|r| Ok((r.try_get::<Option<i64>, _>(0)?, r))) {
+                    Ok((Some(last), row)) => {
+                        after = last;
+                        Ok(row)
+                    }
+                    Ok((None, _)) => break,
+                    Err(e) => Err(e),
+                };
+                let stop = next.is_err();
+                if tx.send(next).await.is_err() || stop {
+                    break;
+                }
+            }
+            // The scan filled this connection's page cache (~8 MB at
+            // 100,000 machines); nothing reads those pages again soon.
+            if let Err(e) = sqlx::query("PRAGMA shrink_memory")
+                .execute(&mut *conn)
+                .await
+            {
+                tracing::debug!(error = %e, "store: shrink_memory failed");
+            }
+        });
+        let mut out = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+        while let Some(page) = rx.recv().await {
+            records_of_page(page?.try_get::<&str, _>(1)?, &mut out)?;
+        }
+        // The reader has ended (its channel closed); a panic in it is a bug.
+        if let Err(e) = reader.await {
+            return Err(StoreError::Io(std::io::Error::other(e)));
         }
         Ok(out)
     }
@@ -387,6 +435,24 @@ impl Store {
     }
 }
 
+/// The records of one page from [`Store::load_records`]: items separated
+/// by RS, each `namespace US name US doc`.
+fn records_of_page(page: &str, out: &mut Vec<Record>) -> Result<(), StoreError> {
+    for item in page.split('\x1e') {
+        let mut parts = item.splitn(3, '\x1f');
+        let (Some(ns), Some(name), Some(doc)) = (parts.next(), parts.next(), parts.next()) else {
+            let key = Key::new("?", item.chars().take(64).collect::<String>());
+            return Err(StoreError::Corrupt(key, "unreadable row".into()));
+        };
+        let key = Key::new(ns, name);
+        match Record::from_stored(key, doc) {
+            Ok(r) => out.push(r),
+            Err(e) => return Err(StoreError::Corrupt(Key::new(ns, name), e)),
+        }
+    }
+    Ok(())
+}
+
 #[derive(Clone, Copy)]
 enum Index {
     Mac,
@@ -444,4 +510,51 @@ fn ip_field(hw: &Hardware, ip: &std::net::IpAddr) -> String {
         }
     }
     "spec.interfaces".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware;
+    use serde_json::json;
+
+    fn hw(i: usize) -> Hardware {
+        hardware::validate(json!({
+            "apiVersion": hardware::API_VERSION, "kind": "Hardware",
+            "metadata": {"name": format!("m{i}"), "namespace": if i.is_multiple_of(2) { "default" } else { "lab" }},
+            "spec": {"interfaces": [{"dhcp": {"mac": format!("02:00:00:00:{:02x}:{:02x}", i >> 8, i & 255),
+                "ip": {"address": format!("10.0.{}.{}", i >> 8, i & 255)}}}],
+                "userData": format!("#cloud-config\n# \u{1e}{i}\u{1f} \"x\"\n")}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn records_load_back_across_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        assert!(store.load_records().await.unwrap().is_empty());
+        let items: Vec<Hardware> = (0..2100).map(hw).collect();
+        store.apply(&items).await.unwrap();
+        let loaded = store.load_records().await.unwrap();
+        assert_eq!(loaded.len(), items.len());
+        for (r, h) in loaded.iter().zip(&items) {
+            assert_eq!(r.machine(), h.machine);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_document_names_its_hardware() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        store.apply(&[hw(1)]).await.unwrap();
+        sqlx::query("INSERT INTO hardware (namespace, name, doc, created_ms, updated_ms) VALUES ('default', 'bad', '{\"spec\": 5', 0, 0)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        match store.load_records().await {
+            Err(StoreError::Corrupt(k, _)) => assert_eq!(k, Key::new("default", "bad")),
+            other => panic!("{other:?}"),
+        }
+    }
 }
