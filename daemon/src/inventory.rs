@@ -4,7 +4,8 @@
 //!
 //! Each machine is one compact [`Record`] (key, MACs, IPs, packed spec),
 //! shared by the three indexes; the typed spec is parsed from it when a
-//! path needs it ([`Record::machine`]). 100,000 machines take about 40 MB.
+//! path needs it ([`Record::machine`]). 100,000 typical machines take
+//! about 45 MiB.
 
 use crate::hardware::{Key, Mac, Machine, Record};
 use arc_swap::ArcSwap;

@@ -204,7 +204,9 @@ fn unpack(packed: &[u8]) -> Vec<u8> {
 /// `[macs: u16 LE][6 bytes each][ips: u16 LE][4 or 6, then 4 or 16 bytes each][packed spec]`:
 /// one allocation, where separate `Vec`s of MACs and IPs and a `String`
 /// would be three (each at least 32 bytes with malloc's overhead).
-#[derive(Clone, PartialEq, Eq)]
+/// Not `PartialEq`: the same spec may be packed from different texts (a
+/// stored document keeps the user's field order); compare [`Record::machine`].
+#[derive(Clone)]
 pub struct Record {
     pub key: Key,
     data: Box<[u8]>,
@@ -220,8 +222,8 @@ impl std::fmt::Debug for Record {
 }
 
 impl Record {
-    /// `spec_json` is `spec` serialised (compact JSON of a
-    /// [`HardwareSpec`]); MACs and IPs as [`Machine`] holds them.
+    /// `spec_json` is the JSON text of a [`HardwareSpec`]; MACs and IPs as
+    /// [`Machine`] holds them.
     fn from_parts(key: Key, macs: &[Mac], ips: &[IpAddr], spec_json: &[u8]) -> Record {
         thread_local! {
             static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -310,9 +312,11 @@ impl Record {
         })
     }
 
-    /// The spec, parsed from the packed JSON. It was serialised from a
-    /// [`HardwareSpec`], so it parses back; should it not (a bug), the
-    /// machine answers as if its spec were empty, and says so in the log.
+    /// The spec, parsed from the packed JSON. That is a typed spec
+    /// serialised, or a stored spec that was checked when it was applied,
+    /// so it parses; should it not (a database edited by hand, a schema
+    /// made stricter since), that machine answers as if its spec were
+    /// empty and the log says why, rather than the whole start-up failing.
     pub fn spec(&self) -> HardwareSpec {
         let json = unpack(&self.data[self.spec_at()..]);
         serde_json::from_slice(&json).unwrap_or_else(|e| {

@@ -270,3 +270,30 @@ fn forwarded_for_only_from_trusted_proxies() {
         ip("10.0.0.7")
     );
 }
+
+/// The daemon serves from the inventory's compact records, loaded from the
+/// stored document or built from an applied one: every answer must be the
+/// same bytes as from the validated Hardware.
+#[test]
+fn answers_from_inventory_records_are_identical() {
+    let h = hardware::validate(hardware::parse_documents(HW).unwrap().remove(0)).unwrap();
+    let stored = hardware::Record::from_stored(h.machine.key.clone(), &h.doc.to_string())
+        .unwrap()
+        .machine();
+    let applied = hardware::Record::from(&h.machine).machine();
+    let answers = |m: &Machine| {
+        (
+            meta_data(m, ip()).render(),
+            ec2_get(m, ip(), "public-keys/0/openssh-key"),
+            dynamic(m, ip()).render(),
+            metadata_json(m, ip()).to_string(),
+            nocloud_meta_data(m, ip()),
+            nocloud_network_config(m),
+            m.spec.user_data.clone(),
+        )
+    };
+    let want = answers(&h.machine);
+    assert!(want.6.is_some());
+    assert_eq!(answers(&stored), want);
+    assert_eq!(answers(&applied), want);
+}
