@@ -1,0 +1,373 @@
+//! The tokio shell around [`proto`](super::proto): port 69 takes requests;
+//! each accepted read runs in its own task on its own ephemeral UDP socket
+//! (RFC 1350's transfer ID), connected to the client, bound to the address
+//! the client asked (IP_PKTINFO), so replies leave from where it expects.
+
+use super::proto::{self, BadRequest, ErrorCode, Limits, Step};
+use super::{MemHandler, Refusal, resolve};
+use crate::events::Event;
+use crate::hardware::Mac;
+use bytes::Bytes;
+use nix::sys::socket::{self, ControlMessageOwned, MsgFlags, SockaddrStorage, sockopt};
+use serde_json::json;
+use std::collections::HashSet;
+use std::io::{self, IoSliceMut};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::Interest;
+use tokio::net::UdpSocket;
+use tokio::sync::Semaphore;
+
+/// Transfers at once; requests beyond are dropped (clients retransmit
+/// their RRQ), so a storm cannot exhaust file descriptors or memory.
+pub const MAX_TRANSFERS: usize = 1024;
+/// No transfer lives longer than this, however it goes (32 MiB at most,
+/// the slowest lockstep client still finishes well within it).
+pub const MAX_TRANSFER_TIME: Duration = Duration::from_secs(600);
+
+/// Serve on `sock` (bound to `listen`) until the task is dropped.
+pub async fn serve(sock: std::net::UdpSocket, listen: SocketAddr, handler: MemHandler) {
+    let mut sock = Some(sock);
+    loop {
+        let s = match sock.take() {
+            Some(s) => Ok(s),
+            None => std::net::UdpSocket::bind(listen),
+        };
+        match s.and_then(listener) {
+            Ok(s) => {
+                let e = accept_loop(s, listen, handler.clone(), Limits::default()).await;
+                tracing::error!(error = %e, "tftp: listener failed; restarting");
+            }
+            Err(e) => tracing::error!(error = %e, %listen, "tftp: cannot bind; retrying"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn listener(s: std::net::UdpSocket) -> io::Result<UdpSocket> {
+    s.set_nonblocking(true)?;
+    match s.local_addr()? {
+        SocketAddr::V4(_) => socket::setsockopt(&s, sockopt::Ipv4PacketInfo, &true)?,
+        SocketAddr::V6(_) => socket::setsockopt(&s, sockopt::Ipv6RecvPacketInfo, &true)?,
+    }
+    UdpSocket::from_std(s)
+}
+
+/// Who is being served: one transfer per client address and port, so a
+/// retransmitted RRQ does not start a second one.
+type Active = Arc<Mutex<HashSet<SocketAddr>>>;
+
+struct Slot {
+    active: Active,
+    peer: SocketAddr,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(mut a) = self.active.lock() {
+            a.remove(&self.peer);
+        }
+    }
+}
+
+async fn accept_loop(
+    sock: UdpSocket,
+    listen: SocketAddr,
+    handler: MemHandler,
+    limits: Limits,
+) -> io::Error {
+    let permits = Arc::new(Semaphore::new(MAX_TRANSFERS));
+    let active: Active = Arc::default();
+    let mut buf = vec![0u8; 2048];
+    let mut busy_logged = Instant::now() - Duration::from_secs(60);
+    loop {
+        let (len, peer, local) = match recv_with_dst(&sock, &mut buf).await {
+            Ok(x) => x,
+            Err(e) if transient(&e) => continue,
+            Err(e) => return e,
+        };
+        let req = match proto::parse_request(&buf[..len]) {
+            Ok(r) => r,
+            Err(BadRequest::Malformed) => continue,
+            Err(BadRequest::Mode(m)) => {
+                let pkt = proto::error_packet(ErrorCode::IllegalOperation, "unsupported mode");
+                tracing::info!(client = %peer, mode = m, "tftp: mode refused");
+                reply_error(local.unwrap_or(listen.ip()), peer, pkt);
+                continue;
+            }
+        };
+        {
+            let Ok(mut a) = active.lock() else { continue };
+            if a.contains(&peer) {
+                continue; // a retransmitted request: the transfer is under way
+            }
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                if busy_logged.elapsed() > Duration::from_secs(10) {
+                    busy_logged = Instant::now();
+                    tracing::warn!(
+                        max = MAX_TRANSFERS,
+                        "tftp: too many transfers; dropping requests"
+                    );
+                }
+                handler.metrics.tftp("busy");
+                continue;
+            };
+            a.insert(peer);
+            let slot = Slot {
+                active: active.clone(),
+                peer,
+                _permit: permit,
+            };
+            let h = handler.clone();
+            let ip = local.unwrap_or(listen.ip());
+            tokio::spawn(async move {
+                let _slot = slot;
+                handle(h, req, peer, ip, limits).await;
+            });
+        }
+    }
+}
+
+/// Errors a UDP socket reports for earlier sends (ICMP), not fatal.
+fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::HostUnreachable
+            | io::ErrorKind::NetworkUnreachable
+            | io::ErrorKind::Interrupted
+    )
+}
+
+/// A datagram, its source, and the local address it was sent to.
+async fn recv_with_dst(
+    sock: &UdpSocket,
+    buf: &mut [u8],
+) -> io::Result<(usize, SocketAddr, Option<IpAddr>)> {
+    let fd = sock.as_raw_fd();
+    loop {
+        sock.readable().await?;
+        let r = sock.try_io(Interest::READABLE, || {
+            let mut iov = [IoSliceMut::new(&mut *buf)];
+            let mut cmsg = nix::cmsg_space!(nix::libc::in6_pktinfo);
+            let msg = socket::recvmsg::<SockaddrStorage>(
+                fd,
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::empty(),
+            )?;
+            let mut dst = None;
+            for c in msg.cmsgs()? {
+                match c {
+                    ControlMessageOwned::Ipv4PacketInfo(i) => {
+                        dst = Some(IpAddr::from(i.ipi_spec_dst.s_addr.to_ne_bytes()));
+                    }
+                    ControlMessageOwned::Ipv6PacketInfo(i) => {
+                        dst = Some(IpAddr::from(i.ipi6_addr.s6_addr));
+                    }
+                    _ => {}
+                }
+            }
+            let src = msg
+                .address
+                .and_then(|a| {
+                    a.as_sockaddr_in()
+                        .map(|a| SocketAddr::from((a.ip(), a.port())))
+                        .or_else(|| {
+                            a.as_sockaddr_in6()
+                                .map(|a| SocketAddr::from((a.ip(), a.port())))
+                        })
+                })
+                .ok_or_else(|| io::Error::other("datagram without a source address"))?;
+            Ok((msg.bytes, src, dst))
+        });
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            other => return other,
+        }
+    }
+}
+
+/// A socket for one transfer: a fresh port on `local`, connected to `peer`.
+async fn transfer_socket(local: IpAddr, peer: SocketAddr) -> io::Result<UdpSocket> {
+    let sock = UdpSocket::bind(SocketAddr::new(local, 0)).await?;
+    sock.connect(peer).await?;
+    Ok(sock)
+}
+
+/// An ERROR from a fresh port (no transfer follows). Best effort.
+fn reply_error(local: IpAddr, peer: SocketAddr, pkt: Vec<u8>) {
+    tokio::spawn(async move {
+        if let Ok(s) = transfer_socket(local, peer).await {
+            let _ = s.send(&pkt).await;
+        }
+    });
+}
+
+async fn handle(
+    h: MemHandler,
+    req: proto::Request,
+    peer: SocketAddr,
+    local: IpAddr,
+    limits: Limits,
+) {
+    let sock = match transfer_socket(local, peer).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, client = %peer, "tftp: no socket for a transfer");
+            return;
+        }
+    };
+    if req.write {
+        h.metrics.tftp("write_refused");
+        tracing::info!(client = %peer, path = req.path, "tftp: write request refused");
+        let pkt = proto::error_packet(ErrorCode::AccessViolation, "tinkerbox TFTP is read-only");
+        let _ = sock.send(&pkt).await;
+        return;
+    }
+    let (data, name, mac) = match resolve(&req.path, &h.files) {
+        Ok((b, name, mac)) => (b.clone(), name, mac),
+        Err(r) => {
+            let (why, code) = match r {
+                Refusal::Forbidden => ("forbidden", ErrorCode::AccessViolation),
+                Refusal::NotFound => ("not_found", ErrorCode::FileNotFound),
+            };
+            h.metrics.tftp(why);
+            tracing::info!(client = %peer, path = req.path, reason = why, "tftp: refused");
+            let p = &req.path;
+            let mut e =
+                Event::new("tftp.refused", format!("TFTP {p:?} refused: {why}")).ip(peer.ip());
+            if let Some(m) = h.inventory.snapshot().by_ip(&peer.ip()) {
+                e = e.machine(m.key.clone());
+            }
+            h.events.record(e);
+            let msg = match r {
+                Refusal::Forbidden => "access violation",
+                Refusal::NotFound => "file not found",
+            };
+            let _ = sock.send(&proto::error_packet(code, msg)).await;
+            return;
+        }
+    };
+    h.metrics.tftp("started");
+    let started = Instant::now();
+    let neg = proto::negotiate(&req.options, data.len() as u64, &limits);
+    let mut s = proto::Sender::new(data.len() as u64, neg, &limits, started);
+    let hard_end = tokio::time::Instant::from_std(started + MAX_TRANSFER_TIME);
+    let outcome = tokio::select! {
+        o = run(&sock, &data, &mut s) => o,
+        _ = tokio::time::sleep_until(hard_end) => Err("took too long".to_string()),
+    };
+    if let Err(why) = &outcome {
+        tracing::info!(client = %peer, file = name, reason = why, "tftp: transfer aborted");
+        if why != "client error" {
+            let pkt = proto::error_packet(ErrorCode::NotDefined, why);
+            let _ = sock.try_send(&pkt);
+        }
+    }
+    let sent = outcome.is_ok();
+    record(
+        &h,
+        sent,
+        &name,
+        mac,
+        peer,
+        started,
+        if sent {
+            data.len() as u64
+        } else {
+            s.bytes_acked()
+        },
+        data.len(),
+    );
+}
+
+/// Drive one transfer to its end: Ok when the last block is acknowledged.
+async fn run(sock: &UdpSocket, data: &Bytes, s: &mut proto::Sender) -> Result<(), String> {
+    let mut out = Vec::with_capacity(4 + s.blksize() as usize);
+    let mut rx = [0u8; 1024];
+    let mut step = s.start(Instant::now());
+    loop {
+        match step {
+            Step::SendOack => send(sock, s.oack()).await?,
+            Step::SendBlocks(blocks) => {
+                for b in blocks {
+                    out.clear();
+                    out.extend_from_slice(&proto::data_header(b));
+                    out.extend_from_slice(&data[s.block_range(b)]);
+                    send(sock, &out).await?;
+                }
+            }
+            Step::Wait => {}
+            Step::Done => return Ok(()),
+            Step::Failed(proto::Failure::Timeout) => return Err("timed out".into()),
+            Step::Failed(proto::Failure::ClientError(..)) => return Err("client error".into()),
+        }
+        let deadline = tokio::time::Instant::from_std(s.deadline());
+        step = match tokio::time::timeout_at(deadline, sock.recv(&mut rx)).await {
+            Ok(Ok(n)) => s.on_packet(&rx[..n], Instant::now()),
+            // ICMP port unreachable: the client is gone.
+            Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                return Err("client port closed".into());
+            }
+            Ok(Err(e)) => return Err(format!("receive: {e}")),
+            Err(_) => s.on_timeout(Instant::now()),
+        };
+    }
+}
+
+async fn send(sock: &UdpSocket, pkt: &[u8]) -> Result<(), String> {
+    match sock.send(pkt).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Err("client port closed".into()),
+        // Dropped on the way out (buffer full, ...): retransmission covers it.
+        Err(e) if transient(&e) || e.raw_os_error() == Some(nix::libc::ENOBUFS) => Ok(()),
+        Err(e) => Err(format!("send: {e}")),
+    }
+}
+
+/// `tftp.sent` or `tftp.aborted`, with metrics.
+#[allow(clippy::too_many_arguments)]
+fn record(
+    h: &MemHandler,
+    sent: bool,
+    name: &str,
+    mac: Option<Mac>,
+    client: SocketAddr,
+    started: Instant,
+    bytes: u64,
+    size: usize,
+) {
+    let secs = started.elapsed().as_secs_f64();
+    let (kind, verb) = if sent {
+        ("tftp.sent", "sent")
+    } else {
+        ("tftp.aborted", "aborted")
+    };
+    h.metrics.tftp(verb);
+    if sent {
+        h.metrics.tftp_bytes.inc_by(size as u64);
+    }
+    let snap = h.inventory.snapshot();
+    let machine = mac
+        .and_then(|m| snap.by_mac(&m))
+        .or_else(|| snap.by_ip(&client.ip()))
+        .map(|m| m.key.clone());
+    let mut e = Event::new(
+        kind,
+        format!("TFTP {name} {verb} to {client} ({bytes} of {size} bytes, {secs:.2}s)"),
+    )
+    .ip(client.ip())
+    .fields(json!({"file": name, "bytes": bytes, "size": size, "seconds": secs}));
+    if let Some(m) = mac {
+        e = e.mac(m);
+    }
+    if let Some(k) = machine {
+        e = e.machine(k);
+    }
+    h.events.record(e);
+}
