@@ -8,10 +8,12 @@ use super::{MemHandler, Refusal, resolve};
 use crate::events::Event;
 use crate::hardware::Mac;
 use bytes::Bytes;
-use nix::sys::socket::{self, ControlMessageOwned, MsgFlags, SockaddrStorage, sockopt};
+use nix::sys::socket::{
+    self, ControlMessage, ControlMessageOwned, MsgFlags, SockaddrStorage, sockopt,
+};
 use serde_json::json;
 use std::collections::HashSet;
-use std::io::{self, IoSliceMut};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
@@ -90,14 +92,9 @@ async fn accept_loop(
             Err(e) => return e,
         };
         let req = match proto::parse_request(&buf[..len]) {
-            Ok(r) => r,
+            Ok(r) => Ok(r),
             Err(BadRequest::Malformed) => continue,
-            Err(BadRequest::Mode(m)) => {
-                let pkt = proto::error_packet(ErrorCode::IllegalOperation, "unsupported mode");
-                tracing::info!(client = %peer, mode = m, "tftp: mode refused");
-                reply_error(local.unwrap_or(listen.ip()), peer, pkt);
-                continue;
-            }
+            Err(BadRequest::Mode(m)) => Err(m),
         };
         {
             let Ok(mut a) = active.lock() else { continue };
@@ -199,18 +196,10 @@ async fn transfer_socket(local: IpAddr, peer: SocketAddr) -> io::Result<UdpSocke
     Ok(sock)
 }
 
-/// An ERROR from a fresh port (no transfer follows). Best effort.
-fn reply_error(local: IpAddr, peer: SocketAddr, pkt: Vec<u8>) {
-    tokio::spawn(async move {
-        if let Ok(s) = transfer_socket(local, peer).await {
-            let _ = s.send(&pkt).await;
-        }
-    });
-}
-
+/// One request, from its own port: an ERROR, or the file.
 async fn handle(
     h: MemHandler,
-    req: proto::Request,
+    req: Result<proto::Request, String>,
     peer: SocketAddr,
     local: IpAddr,
     limits: Limits,
@@ -219,6 +208,16 @@ async fn handle(
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, client = %peer, "tftp: no socket for a transfer");
+            return;
+        }
+    };
+    let req = match req {
+        Ok(r) => r,
+        Err(mode) => {
+            h.metrics.tftp("bad_mode");
+            tracing::info!(client = %peer, mode, "tftp: mode refused");
+            let pkt = proto::error_packet(ErrorCode::IllegalOperation, "unsupported mode");
+            let _ = sock.send(&pkt).await;
             return;
         }
     };
@@ -291,15 +290,29 @@ async fn run(sock: &UdpSocket, data: &Bytes, s: &mut proto::Sender) -> Result<()
     let mut out = Vec::with_capacity(4 + s.blksize() as usize);
     let mut rx = [0u8; 1024];
     let mut step = s.start(Instant::now());
+    let mut gso = s.windowsize() > 1;
     loop {
         match step {
             Step::SendOack => send(sock, s.oack()).await?,
             Step::SendBlocks(blocks) => {
-                for b in blocks {
+                let (mut b, end) = blocks.into_inner();
+                while b <= end {
+                    if gso && end > b {
+                        let n = (end - b + 1).min(gso_batch(s.blksize()));
+                        match send_gso(sock, data, s, b, b + n - 1).await {
+                            Ok(()) => {
+                                b += n;
+                                continue;
+                            }
+                            Err(e) if e == GSO_UNSUPPORTED => gso = false,
+                            Err(e) => return Err(e),
+                        }
+                    }
                     out.clear();
                     out.extend_from_slice(&proto::data_header(b));
                     out.extend_from_slice(&data[s.block_range(b)]);
                     send(sock, &out).await?;
+                    b += 1;
                 }
             }
             Step::Wait => {}
@@ -317,6 +330,67 @@ async fn run(sock: &UdpSocket, data: &Bytes, s: &mut proto::Sender) -> Result<()
             Ok(Err(e)) => return Err(format!("receive: {e}")),
             Err(_) => s.on_timeout(Instant::now()),
         };
+    }
+}
+
+/// Blocks sent with one `sendmsg` (UDP GSO: the kernel cuts the buffer into
+/// datagrams of 4 + blksize bytes): at most 64 segments and 64 KB.
+fn gso_batch(blksize: u64) -> u64 {
+    (65_000 / (4 + blksize)).clamp(1, 64)
+}
+
+const GSO_UNSUPPORTED: &str = "gso unsupported";
+
+/// Blocks `first..=last` in one UDP GSO send: a window costs one system
+/// call instead of one per block. Fails with [`GSO_UNSUPPORTED`] where the
+/// kernel or route cannot (datagrams larger than the MTU, old kernels).
+async fn send_gso(
+    sock: &UdpSocket,
+    data: &Bytes,
+    s: &proto::Sender,
+    first: u64,
+    last: u64,
+) -> Result<(), String> {
+    let headers: Vec<[u8; 4]> = (first..=last).map(proto::data_header).collect();
+    let mut iov = Vec::with_capacity(headers.len() * 2);
+    for (h, b) in headers.iter().zip(first..=last) {
+        iov.push(IoSlice::new(h));
+        iov.push(IoSlice::new(&data[s.block_range(b)]));
+    }
+    let seg = (4 + s.blksize()) as u16;
+    let cmsg = [ControlMessage::UdpGsoSegments(&seg)];
+    let fd = sock.as_raw_fd();
+    loop {
+        let r = sock.try_io(Interest::WRITABLE, || {
+            socket::sendmsg::<()>(fd, &iov, &cmsg, MsgFlags::empty(), None).map_err(io::Error::from)
+        });
+        match r {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                sock.writable().await.map_err(|e| format!("send: {e}"))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                return Err("client port closed".into());
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(
+                        nix::libc::EINVAL
+                            | nix::libc::EMSGSIZE
+                            | nix::libc::EIO
+                            | nix::libc::ENOPROTOOPT
+                            | nix::libc::EOPNOTSUPP
+                    )
+                ) =>
+            {
+                return Err(GSO_UNSUPPORTED.into());
+            }
+            Err(e) if transient(&e) || e.raw_os_error() == Some(nix::libc::ENOBUFS) => {
+                return Ok(());
+            }
+            Err(e) => return Err(format!("send: {e}")),
+        }
     }
 }
 
@@ -370,4 +444,152 @@ fn record(
         e = e.machine(k);
     }
     h.events.record(e);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::{Inventory, Snapshot};
+    use crate::metrics::Metrics;
+    use std::collections::HashMap;
+    use tokio::sync::mpsc;
+
+    const FILE: &[u8; 100] = &[7u8; 100];
+
+    async fn start(limits: Limits) -> (SocketAddr, mpsc::Receiver<Event>) {
+        let metrics = Arc::new(Metrics::new());
+        let (events, rx) = crate::events::channel(64, metrics.clone());
+        let h = MemHandler {
+            files: super::super::Files::from_map(HashMap::from([(
+                "f.bin".to_string(),
+                Bytes::from_static(FILE),
+            )])),
+            inventory: Arc::new(Inventory::new(Snapshot::default())),
+            events,
+            metrics,
+        };
+        let std = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = std.local_addr().unwrap();
+        let sock = listener(std).unwrap();
+        tokio::spawn(accept_loop(sock, addr, h, limits));
+        (addr, rx)
+    }
+
+    fn rrq(path: &str, mode: &str, opts: &[&str]) -> Vec<u8> {
+        let mut p = vec![0, 1];
+        for f in [path, mode].iter().chain(opts) {
+            p.extend_from_slice(f.as_bytes());
+            p.push(0);
+        }
+        p
+    }
+
+    async fn recv(c: &UdpSocket) -> Option<(Vec<u8>, SocketAddr)> {
+        let mut b = [0u8; 2048];
+        let (n, from) = tokio::time::timeout(Duration::from_secs(2), c.recv_from(&mut b))
+            .await
+            .ok()?
+            .ok()?;
+        Some((b[..n].to_vec(), from))
+    }
+
+    async fn event(rx: &mut mpsc::Receiver<Event>) -> Event {
+        tokio::time::timeout(Duration::from_secs(2), rx.recv())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn windowed_transfer_from_one_port_despite_a_repeated_request() {
+        let (srv, mut rx) = start(Limits::default()).await;
+        let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let req = rrq(
+            "f.bin",
+            "octet",
+            &["blksize", "30", "windowsize", "4", "tsize", "0"],
+        );
+        c.send_to(&req, srv).await.unwrap();
+        let (oack, port) = recv(&c).await.unwrap();
+        assert_eq!(
+            oack,
+            b"\0\x06blksize\x0030\0windowsize\x004\0tsize\x00100\0"
+        );
+        assert_ne!(port, srv);
+        // The same RRQ again (a client that thought it lost): ignored.
+        c.send_to(&req, srv).await.unwrap();
+        c.send_to(&[0, 4, 0, 0], port).await.unwrap();
+        let mut got = Vec::new();
+        for block in 1..=4u8 {
+            let (d, from) = recv(&c).await.unwrap();
+            assert_eq!(from, port);
+            assert_eq!(&d[..4], &[0, 3, 0, block]);
+            got.extend_from_slice(&d[4..]);
+        }
+        assert_eq!(got.as_slice(), FILE);
+        c.send_to(&[0, 4, 0, 4], port).await.unwrap();
+        let e = event(&mut rx).await;
+        assert_eq!(e.kind, "tftp.sent", "{e:?}");
+        assert_eq!(e.fields.unwrap()["bytes"], 100);
+        // Nothing else came, from either port.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), c.recv_from(&mut [0u8; 64]))
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn silent_client_is_retried_then_dropped() {
+        let limits = Limits {
+            timeout: Duration::from_millis(50),
+            retries: 2,
+            ..Limits::default()
+        };
+        let (srv, mut rx) = start(limits).await;
+        let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        c.send_to(&rrq("f.bin", "octet", &[]), srv).await.unwrap();
+        for _ in 0..3 {
+            let (d, _) = recv(&c).await.unwrap();
+            assert_eq!(&d[..4], &[0, 3, 0, 1]);
+            assert_eq!(&d[4..], &FILE[..]);
+        }
+        let (e, _) = recv(&c).await.unwrap();
+        assert_eq!(&e[..4], &[0, 5, 0, 0], "an ERROR at the end");
+        let ev = event(&mut rx).await;
+        assert_eq!(ev.kind, "tftp.aborted");
+        assert_eq!(ev.fields.unwrap()["bytes"], 0);
+    }
+
+    #[tokio::test]
+    async fn refusals_come_as_errors() {
+        let (srv, mut rx) = start(Limits::default()).await;
+        let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        for (req, code) in [
+            (rrq("f.bin", "mail", &[]), 4u8),
+            (rrq("nope", "octet", &[]), 1),
+            (rrq("../f.bin", "netascii", &[]), 2),
+            (
+                {
+                    let mut w = rrq("f.bin", "octet", &[]);
+                    w[1] = 2;
+                    w
+                },
+                2,
+            ),
+        ] {
+            c.send_to(&req, srv).await.unwrap();
+            let (e, _) = recv(&c).await.unwrap();
+            assert_eq!(&e[..4], &[0, 5, 0, code], "{req:?}");
+        }
+        assert_eq!(event(&mut rx).await.kind, "tftp.refused");
+        assert_eq!(event(&mut rx).await.kind, "tftp.refused");
+        // Garbage gets no answer.
+        c.send_to(b"\0\x09hello", srv).await.unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), c.recv_from(&mut [0u8; 64]))
+                .await
+                .is_err()
+        );
+    }
 }
