@@ -82,9 +82,66 @@ pub fn channel(queue: usize, metrics: Arc<Metrics>) -> (EventSink, mpsc::Receive
     (EventSink { tx, metrics }, rx)
 }
 
+/// Events a machine may gain beyond `per_machine` before it is trimmed:
+/// trimming is a DELETE per machine, so it is done once per this many of
+/// its events rather than once per batch. At most `per_machine + SLACK - 1`
+/// events of a machine are kept, and exactly `per_machine` once the writer
+/// has stopped (it trims everything pending on the way out).
+pub const SLACK: u32 = 64;
+
+/// Machines (distinct keys) counted between trims at most; when more have
+/// pending events, all of them are trimmed and the count starts over. Bounds
+/// the writer's memory (a key and a counter each).
+const MAX_PENDING: usize = 1 << 17;
+
+/// Which machines need trimming: events written per machine since it was
+/// last trimmed. `None` stands for the events that name no machine.
+#[derive(Default)]
+pub struct Trimmer {
+    pending: std::collections::HashMap<Option<Key>, u32>,
+}
+
+impl Trimmer {
+    /// Count a batch; returns the machines to trim with it.
+    pub fn count(&mut self, batch: &[Event]) -> Vec<Option<Key>> {
+        let mut due = Vec::new();
+        for e in batch {
+            let n = match self.pending.get_mut(&e.machine) {
+                Some(n) => n,
+                None => self.pending.entry(e.machine.clone()).or_insert(0),
+            };
+            *n += 1;
+            if *n == SLACK {
+                due.push(e.machine.clone());
+            }
+        }
+        for k in &due {
+            self.pending.remove(k);
+        }
+        if self.pending.len() > MAX_PENDING {
+            due.extend(self.drain());
+        }
+        due
+    }
+
+    /// A transaction that was to trim `due` failed: trim them with their
+    /// next event.
+    pub fn retry(&mut self, due: Vec<Option<Key>>) {
+        for k in due {
+            *self.pending.entry(k).or_insert(0) = SLACK - 1;
+        }
+    }
+
+    /// Every machine with pending events, forgetting them.
+    pub fn drain(&mut self) -> Vec<Option<Key>> {
+        self.pending.drain().map(|(k, _)| k).collect()
+    }
+}
+
 /// Drain the queue into the store until every sender is gone, batching what
-/// has accumulated while the previous transaction ran. Old events are
-/// expired once an hour.
+/// has accumulated while the previous transaction ran. Machines are trimmed
+/// to `per_machine` events at start-up, then lazily (see [`SLACK`]), and
+/// all of them when the writer stops. Old events are expired once an hour.
 pub async fn writer(
     mut rx: mpsc::Receiver<Event>,
     store: Store,
@@ -92,7 +149,14 @@ pub async fn writer(
     per_machine: u32,
     max_age: Duration,
 ) {
+    // Whatever an earlier run left untrimmed (up to SLACK - 1 a machine).
+    match store.trim_all_events(per_machine).await {
+        Ok(n) if n > 0 => tracing::info!(deleted = n, "trimmed events"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "trimming events failed"),
+    }
     let mut buf = Vec::with_capacity(BATCH);
+    let mut trimmer = Trimmer::default();
     let mut expire = tokio::time::interval(Duration::from_secs(3600));
     expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -101,13 +165,15 @@ pub async fn writer(
                 if n == 0 {
                     break;
                 }
-                match store.insert_events(&buf, per_machine).await {
+                let due = trimmer.count(&buf);
+                match store.insert_events(&buf, &due, per_machine).await {
                     Ok(()) => {
                         metrics.events_written.inc_by(n as u64);
                     }
                     Err(e) => {
                         metrics.events_dropped.inc_by(n as u64);
                         tracing::warn!(error = %e, lost = n, "writing events failed");
+                        trimmer.retry(due);
                     }
                 }
                 buf.clear();
@@ -120,6 +186,10 @@ pub async fn writer(
                 }
             }
         }
+    }
+    let due = trimmer.drain();
+    if let Err(e) = store.insert_events(&[], &due, per_machine).await {
+        tracing::warn!(error = %e, "trimming events failed");
     }
 }
 
@@ -172,5 +242,137 @@ mod tests {
             .unwrap();
         assert_eq!(all.len(), 11);
         assert_eq!(all.last().unwrap().message, "stray");
+    }
+
+    fn ev(machine: Option<&Key>, i: usize) -> Event {
+        let e = Event::new("test", format!("e{i}"));
+        match machine {
+            Some(k) => e.machine(k.clone()),
+            None => e,
+        }
+    }
+
+    #[test]
+    fn trimmer_asks_once_per_slack_events() {
+        let k = Key::new("default", "m1");
+        let other = Key::new("default", "m2");
+        let mut t = Trimmer::default();
+        for i in 0..(SLACK as usize - 1) {
+            assert!(t.count(&[ev(Some(&k), i), ev(None, i)]).is_empty());
+        }
+        let due = t.count(&[ev(Some(&other), 0), ev(Some(&k), 99)]);
+        assert_eq!(due, vec![Some(k.clone())]);
+        // Counting starts over for m1; m2 and the keyless ones stay pending.
+        assert!(t.count(&[ev(Some(&k), 100)]).is_empty());
+        let mut rest = t.drain();
+        rest.sort();
+        assert_eq!(rest, vec![None, Some(k.clone()), Some(other)]);
+        assert!(t.drain().is_empty());
+        // A failed trim is retried with the machine's next event.
+        t.retry(vec![Some(k.clone())]);
+        assert_eq!(t.count(&[ev(Some(&k), 101)]), vec![Some(k)]);
+    }
+
+    #[test]
+    fn trimmer_memory_is_bounded() {
+        let mut t = Trimmer::default();
+        let mut due = 0;
+        for i in 0..=MAX_PENDING {
+            due += t
+                .count(&[ev(Some(&Key::new("ns", format!("m{i}"))), i)])
+                .len();
+        }
+        assert_eq!(due, MAX_PENDING + 1, "all pending machines trimmed at once");
+        assert!(t.drain().is_empty());
+    }
+
+    async fn count(store: &Store, k: &Key) -> usize {
+        let q = crate::store::EventQuery {
+            machine: Some(k.clone()),
+            after: None,
+            limit: 100_000,
+        };
+        store.events(&q).await.unwrap().len()
+    }
+
+    #[tokio::test]
+    async fn lazy_trim_keeps_at_most_per_machine_plus_slack() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let k = Key::new("default", "m1");
+        let per = 10u32;
+        let mut t = Trimmer::default();
+        let mut max = 0;
+        for i in 0..(3 * SLACK as usize + 5) {
+            let batch = [ev(Some(&k), i)];
+            let due = t.count(&batch);
+            store.insert_events(&batch, &due, per).await.unwrap();
+            let n = count(&store, &k).await;
+            if !due.is_empty() {
+                assert_eq!(n, per as usize, "trimmed to per_machine");
+            }
+            max = max.max(n);
+        }
+        assert_eq!(max, (per + SLACK - 1) as usize);
+        // What a stopped writer leaves untrimmed, start-up trims.
+        assert!(count(&store, &k).await > per as usize);
+        store.trim_all_events(per).await.unwrap();
+        assert_eq!(count(&store, &k).await, per as usize);
+    }
+
+    #[tokio::test]
+    async fn batch_insert_keeps_order_and_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let k = Key::new("default", "m1");
+        let batch: Vec<Event> = (0..(64 + 32 + 4 + 1))
+            .map(|i| {
+                ev(Some(&k), i)
+                    .mac(Mac([0, 1, 2, 3, 4, i as u8]))
+                    .ip(IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, i as u8)))
+                    .fields(serde_json::json!({"i": i}))
+            })
+            .collect();
+        store.insert_events(&batch, &[], 1000).await.unwrap();
+        let rows = store
+            .events(&crate::store::EventQuery {
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), batch.len());
+        for (i, (r, e)) in rows.iter().zip(&batch).enumerate() {
+            assert_eq!(r.message, e.message);
+            assert_eq!(r.kind, "test");
+            assert_eq!(r.name.as_deref(), Some("m1"));
+            assert_eq!(r.mac, Some(e.mac.unwrap().to_string()));
+            assert_eq!(r.ip, Some(format!("10.0.0.{i}")));
+            assert_eq!(r.fields, Some(serde_json::json!({"i": i})));
+        }
+    }
+
+    #[tokio::test]
+    async fn start_up_trims_every_machine_and_keyless_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let a = Key::new("default", "a");
+        let b = Key::new("other", "a");
+        let batch: Vec<Event> = (0..30)
+            .flat_map(|i| [ev(Some(&a), i), ev(Some(&b), i), ev(None, i)])
+            .collect();
+        store.insert_events(&batch, &[], 5).await.unwrap();
+        assert_eq!(store.trim_all_events(5).await.unwrap(), 75);
+        assert_eq!(count(&store, &a).await, 5);
+        assert_eq!(count(&store, &b).await, 5);
+        let all = store
+            .events(&crate::store::EventQuery {
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 15);
+        assert_eq!(all.first().unwrap().message, "e25");
     }
 }

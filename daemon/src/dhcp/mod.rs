@@ -238,6 +238,18 @@ pub fn boot_for(c: &Client, iface: Option<&Interface>, s: &Settings) -> Result<B
 
 /// Answer one request. Pure: no I/O, no clock.
 pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outcome {
+    // The typed view, parsed from the compact record: this reply needs it.
+    respond_with(req, port, s, |mac| snap.by_mac(mac).map(|r| r.machine()))
+}
+
+/// [`respond`] with the machine found by `lookup` (the server caches the
+/// typed views it parsed). Pure as long as `lookup` is.
+pub fn respond_with<M: std::borrow::Borrow<Machine>>(
+    req: &Message,
+    port: Port,
+    s: &Settings,
+    lookup: impl FnOnce(&Mac) -> Option<M>,
+) -> Outcome {
     if s.mode == Mode::Off {
         return Outcome::Ignore("off");
     }
@@ -245,15 +257,15 @@ pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outc
         Ok(c) => c,
         Err(why) => return Outcome::Ignore(why),
     };
-    // The typed view, parsed from the compact record: this reply needs it.
-    let machine = snap.by_mac(&c.mac).map(|r| r.machine());
+    let found = lookup(&c.mac);
+    let machine: Option<&Machine> = found.as_ref().map(|m| m.borrow());
     if s.mode.is_proxy() {
-        return proxy(req, port, &c, machine.as_ref(), s);
+        return proxy(req, port, &c, machine, s);
     }
     if port == Port::Proxy {
         return Outcome::Ignore("proxy_port_in_reservation_mode");
     }
-    let Some(m) = &machine else {
+    let Some(m) = machine else {
         return Outcome::Ignore("unknown_mac");
     };
     let Some(iface) = m.interface(c.mac) else {
@@ -627,20 +639,23 @@ fn finish(
                 .unwrap_or(usize::MAX)
         });
     }
-    let base = msg.clone();
+    // Extra codes differ from the core ones and from each other, so
+    // removing one by code takes back exactly what was inserted.
+    let codes: Vec<OptionCode> = extra.iter().map(OptionCode::from).collect();
+    for opt in extra {
+        msg.opts_mut().insert(opt);
+    }
+    let mut kept = codes.len();
+    let mut buf = Vec::with_capacity(600);
     loop {
-        let mut m = base.clone();
-        for opt in &extra {
-            m.opts_mut().insert(opt.clone());
+        buf.clear();
+        let fits = msg.encode(&mut Encoder::new(&mut buf)).is_ok() && buf.len() <= o.max;
+        if fits || kept == 0 {
+            break;
         }
-        match encoded_len(&m) {
-            Some(n) if n <= o.max || extra.is_empty() => {
-                msg = m;
-                break;
-            }
-            _ => {
-                extra.pop();
-            }
+        kept -= 1;
+        if let Some(code) = codes.get(kept) {
+            msg.opts_mut().remove(*code);
         }
     }
     let dest = match port {
@@ -662,12 +677,6 @@ fn finish(
         mac: c.mac,
         fields,
     }))
-}
-
-fn encoded_len(m: &Message) -> Option<usize> {
-    let mut buf = Vec::with_capacity(600);
-    m.encode(&mut Encoder::new(&mut buf)).ok()?;
-    Some(buf.len())
 }
 
 /// Decode a packet from the wire. dhcproto is a third-party parser fed

@@ -2,13 +2,15 @@
 //! is decoded, answered by [`super::respond`] from the current inventory
 //! snapshot, encoded and sent; events and metrics are recorded on the way.
 
-use super::{Dest, Outcome, Port, Settings, respond};
+use super::{Dest, Outcome, Port, Settings, respond_with};
 use crate::events::{Event, EventSink};
+use crate::hardware::{Mac, Machine, Record};
 use crate::inventory::Inventory;
 use crate::metrics::Metrics;
 use dhcproto::v4::{DhcpOption, MessageType, OptionCode};
 use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, SockaddrIn, sockopt};
 use socket2::{Domain, Protocol, Socket, Type};
+use std::cell::RefCell;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
@@ -88,7 +90,8 @@ impl Shell {
         self.metrics
             .dhcp_request(req_type, self.settings.mode.as_str());
         let snap = self.inventory.snapshot();
-        match respond(&req, port, &snap, &self.settings) {
+        let lookup = |mac: &Mac| snap.by_mac(mac).map(machine_of);
+        match respond_with(&req, port, &self.settings, lookup) {
             Outcome::Ignore(why) => {
                 self.metrics.dhcp_ignored(why);
                 tracing::debug!(%src, reason = why, "dhcp: not answered");
@@ -152,6 +155,43 @@ impl Shell {
             }
         }
     }
+}
+
+/// Slots in each thread's cache of typed machines (a power of two).
+const CACHE_SLOTS: usize = 1024;
+
+type Cached = Option<(Arc<Record>, Arc<Machine>)>;
+
+thread_local! {
+    /// Typed views recently parsed, direct-mapped by MAC: a DISCOVER's
+    /// machine is asked for again by its REQUEST moments later. An entry
+    /// holds the record it was parsed from and is used only for that very
+    /// record (`Arc::ptr_eq`), so an inventory change is never missed: the
+    /// held `Arc` keeps the address from being reused by another record.
+    static CACHE: RefCell<Vec<Cached>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The typed view of a record, parsed once while it stays in the cache.
+fn machine_of(r: &Arc<Record>) -> Arc<Machine> {
+    CACHE.with_borrow_mut(|cache| {
+        if cache.is_empty() {
+            cache.resize(CACHE_SLOTS, None);
+        }
+        let mac = r.macs().next().map(|m| m.0).unwrap_or_default();
+        let h = u64::from_le_bytes([mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], 0, 0])
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let slot = (h >> 54) as usize % CACHE_SLOTS;
+        if let Some(Some((rec, m))) = cache.get(slot)
+            && Arc::ptr_eq(rec, r)
+        {
+            return m.clone();
+        }
+        let m = Arc::new(r.machine());
+        if let Some(s) = cache.get_mut(slot) {
+            *s = Some((r.clone(), m.clone()));
+        }
+        m
+    })
 }
 
 /// A received datagram and the interface it came in on.

@@ -19,6 +19,9 @@ pub mod bmc;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
+/// Rows per multi-row event INSERT, largest first (8 binds a row).
+const EVENT_CHUNKS: [usize; 7] = [64, 32, 16, 8, 4, 2, 1];
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// A MAC or IP already belongs to another Hardware.
@@ -317,35 +320,52 @@ impl Store {
         Ok(r.rows_affected() > 0)
     }
 
-    /// Append a batch of events in one transaction, then trim the machines it
-    /// touched to `per_machine` newest rows.
-    pub async fn insert_events(&self, batch: &[Event], per_machine: u32) -> Result<(), StoreError> {
+    /// Append a batch of events in one transaction, then trim the given
+    /// machines (`None`: the events that name none) to their `per_machine`
+    /// newest rows. Which machines need trimming is the caller's choice
+    /// (see [`crate::events::writer`]).
+    pub async fn insert_events(
+        &self,
+        batch: &[Event],
+        trim: &[Option<Key>],
+        per_machine: u32,
+    ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let mut touched: Vec<(Option<&str>, Option<&str>)> = Vec::new();
-        for e in batch {
-            let (ns, name) = match &e.machine {
+        // Multi-row INSERTs, in chunks of power-of-two sizes so that a few
+        // prepared statements (cached per connection) serve every batch.
+        let mut rest = batch;
+        while !rest.is_empty() {
+            let n = EVENT_CHUNKS
+                .iter()
+                .copied()
+                .find(|&c| c <= rest.len())
+                .unwrap_or(1);
+            let (chunk, tail) = rest.split_at(n);
+            rest = tail;
+            let mut q = sqlx::QueryBuilder::new(
+                "INSERT INTO events (ts_ms, namespace, name, mac, ip, kind, message, fields) ",
+            );
+            q.push_values(chunk, |mut b, e| {
+                let (ns, name) = match &e.machine {
+                    Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
+                    None => (None, None),
+                };
+                b.push_bind(e.ts_ms)
+                    .push_bind(ns)
+                    .push_bind(name)
+                    .push_bind(e.mac.map(|m| m.to_string()))
+                    .push_bind(e.ip.map(|i| i.to_string()))
+                    .push_bind(e.kind)
+                    .push_bind(e.message.as_str())
+                    .push_bind(e.fields.as_ref().map(Value::to_string));
+            });
+            q.build().persistent(true).execute(&mut *tx).await?;
+        }
+        for k in trim {
+            let (ns, name) = match k {
                 Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
                 None => (None, None),
             };
-            sqlx::query(
-                "INSERT INTO events (ts_ms, namespace, name, mac, ip, kind, message, fields)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(e.ts_ms)
-            .bind(ns)
-            .bind(name)
-            .bind(e.mac.map(|m| m.to_string()))
-            .bind(e.ip.map(|i| i.to_string()))
-            .bind(e.kind)
-            .bind(&e.message)
-            .bind(e.fields.as_ref().map(Value::to_string))
-            .execute(&mut *tx)
-            .await?;
-            if !touched.contains(&(ns, name)) {
-                touched.push((ns, name));
-            }
-        }
-        for (ns, name) in touched {
             sqlx::query(
                 "DELETE FROM events WHERE namespace IS ?1 AND name IS ?2 AND id <=
                    (SELECT id FROM events WHERE namespace IS ?1 AND name IS ?2
@@ -359,6 +379,24 @@ impl Store {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Trim every machine's events (and those naming none) to the
+    /// `per_machine` newest; returns how many went. One pass over the table,
+    /// for start-up.
+    pub async fn trim_all_events(&self, per_machine: u32) -> Result<u64, StoreError> {
+        let r = sqlx::query(
+            "DELETE FROM events WHERE id IN (
+               SELECT id FROM (
+                 SELECT id, row_number() OVER (
+                   PARTITION BY namespace, name ORDER BY id DESC) AS n
+                 FROM events)
+               WHERE n > ?1)",
+        )
+        .bind(per_machine as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
     }
 
     /// Delete events older than `max_age`; returns how many went.
@@ -377,17 +415,24 @@ impl Store {
             Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
             None => (None, None),
         };
-        let rows = sqlx::query(
+        // Two statements: with an `OR` on the machine, SQLite would not use
+        // the (namespace, name, id) index for one machine's events.
+        let sql = if q.machine.is_some() {
             "SELECT id, ts_ms, namespace, name, mac, ip, kind, message, fields FROM events
-             WHERE (?1 IS NULL OR (namespace = ?1 AND name = ?2)) AND id > ?3
-             ORDER BY id DESC LIMIT ?4",
-        )
-        .bind(ns)
-        .bind(name)
-        .bind(q.after.unwrap_or(0))
-        .bind(q.limit as i64)
-        .fetch_all(&self.pool)
-        .await?;
+             WHERE namespace = ?1 AND name = ?2 AND id > ?3
+             ORDER BY id DESC LIMIT ?4"
+        } else {
+            "SELECT id, ts_ms, namespace, name, mac, ip, kind, message, fields FROM events
+             WHERE ?1 IS NULL AND ?2 IS NULL AND id > ?3
+             ORDER BY id DESC LIMIT ?4"
+        };
+        let rows = sqlx::query(sql)
+            .bind(ns)
+            .bind(name)
+            .bind(q.after.unwrap_or(0))
+            .bind(q.limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
         let mut out: Vec<EventRow> = rows
             .into_iter()
             .map(|r| {
