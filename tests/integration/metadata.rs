@@ -913,3 +913,107 @@ fn dual_stack_listener_knows_ipv4_callers() {
         "a trusted IPv4 proxy stays trusted"
     );
 }
+
+/// Answers are cached per caller, so an applied change must show on the
+/// very next request; repeated reads of a document are one event per
+/// window (60 s), while the request counter counts every read.
+#[test]
+fn applied_changes_show_at_once_and_reads_are_coalesced() {
+    let mut lab = Lab::new("cc");
+    let d = lab.tinkerbox("");
+    apply(&d, &lab, &[hardware_a(), hardware_b()]);
+    let a = lab.client("a", A_MAC, A_IP);
+    let reads = [
+        "/latest/meta-data/instance-id",
+        "/metadata",
+        "/latest/user-data",
+        "/cloud-init/meta-data",
+    ];
+
+    let ok_before = d.metric(&metadata_requests(200));
+    for _ in 0..3 {
+        for path in reads {
+            let (code, body) = get(&a, path, &[]);
+            assert_eq!(code, 200, "{path}: {body}");
+        }
+    }
+    let (_, listing) = get(&a, "/latest/", &[]);
+    assert!(listing.contains("vendor-data"), "{listing}");
+    assert_eq!(get(&a, "/latest/meta-data/instance-id", &[]).1, A_ID);
+    assert!(
+        d.metric(&metadata_requests(200)) >= ok_before + 14.0,
+        "every read is counted"
+    );
+
+    // Change A: another instance id and hostname, new user data, no vendor data.
+    let mut changed = hardware_a();
+    changed["spec"]["metadata"]["instance"]["id"] = json!("i-changed");
+    changed["spec"]["metadata"]["instance"]["hostname"] = json!("worker-a2");
+    changed["spec"]["userData"] = json!("#cloud-config\nhostname: worker-a2\n");
+    changed["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("vendorData");
+    apply(&d, &lab, &[changed, hardware_b()]);
+
+    for _ in 0..2 {
+        assert_eq!(
+            get(&a, "/latest/meta-data/instance-id", &[]),
+            (200, "i-changed".to_string())
+        );
+        let (code, body) = get(&a, "/metadata", &[]);
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["id"], "i-changed", "{v:#}");
+        assert_eq!(v["hostname"], "worker-a2", "{v:#}");
+        assert_eq!(
+            get(&a, "/latest/user-data", &[]),
+            (200, "#cloud-config\nhostname: worker-a2\n".to_string())
+        );
+        let (code, body) = get(&a, "/cloud-init/meta-data", &[]);
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("i-changed"), "{body}");
+        assert!(body.contains("worker-a2"), "{body}");
+        assert_eq!(
+            get(&a, "/latest/meta-data/hostname", &[]),
+            (200, "worker-a2".to_string())
+        );
+        let (_, listing) = get(&a, "/latest/", &[]);
+        assert!(!listing.contains("vendor-data"), "{listing}");
+        assert_eq!(get(&a, "/latest/vendor-data", &[]).0, 404);
+    }
+
+    // A last, new document: once its event is stored, so are all before
+    // it (one writer, in order).
+    assert_eq!(get(&a, "/cloud-init/network-config", &[]).0, 200);
+    let mut last = vec![];
+    poll(Duration::from_secs(10), || {
+        last = metadata_reads(&events_json(&d, A_NAME));
+        last.iter()
+            .any(|e| e["message"] == "metadata read: NoCloud network-config")
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("no network-config read: {last:#?}\n{}", d.log()));
+    let count = |m: &str| last.iter().filter(|e| e["message"] == m).count();
+    // One before the change, one after, however many reads.
+    for m in [
+        "metadata read: instance-id",
+        "metadata read: /metadata",
+        "metadata read: user-data",
+    ] {
+        assert_eq!(count(m), 2, "{m}: {last:#?}");
+    }
+    assert_eq!(
+        count(&format!(
+            "metadata read: NoCloud meta-data (instance-id {A_ID})"
+        )),
+        1,
+        "{last:#?}"
+    );
+    assert_eq!(
+        count("metadata read: NoCloud meta-data (instance-id i-changed)"),
+        1,
+        "{last:#?}"
+    );
+    assert!(metadata_reads(&events_json(&d, B_NAME)).is_empty());
+}

@@ -20,11 +20,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_http::services::ServeDir;
 
+/// Read size for artifacts (kernels, initrds: large files).
+const ARTIFACT_CHUNK: usize = 512 * 1024;
+
 pub fn router(app: Arc<App>) -> Router {
     let metrics = app.metrics.clone();
     let artifacts = ServeDir::new(app.config.artifacts_dir())
         .append_index_html_on_directories(false)
-        .precompressed_gzip();
+        .precompressed_gzip()
+        // Fewer, larger reads and writes than the 64 KiB default.
+        .with_buf_chunk_size(ARTIFACT_CHUNK);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
@@ -32,7 +37,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/ipxe/script/{mac}/auto.ipxe", get(script_by_mac))
         .route("/ipxe/binary/{file}", get(binary))
         .nest_service("/artifacts", artifacts)
-        .merge(crate::metadata::http::router())
+        .merge(crate::metadata::http::router(app.clone()))
         .layer(middleware::from_fn_with_state(
             app.clone(),
             record_artifacts,
@@ -203,10 +208,10 @@ async fn binary(State(app): State<Arc<App>>, Path(file): Path<String>) -> Respon
 
 /// Artifact downloads of known machines go to their event log.
 async fn record_artifacts(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let path = req.uri().path().to_string();
-    if !path.starts_with("/artifacts/") {
+    if !req.uri().path().starts_with("/artifacts/") {
         return next.run(req).await;
     }
+    let path = req.uri().path().to_string();
     let peer = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()

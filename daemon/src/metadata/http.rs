@@ -2,17 +2,18 @@
 //! trusted proxy, the first untrusted address of X-Forwarded-For, walked
 //! from the right); a machine can only ever read its own data.
 
+use super::cache::{Cache, Entry, Read};
 use super::{
     VERSIONS, ec2_get, instance_id, metadata_json, nocloud_meta_data, nocloud_network_config,
 };
 use crate::app::App;
 use crate::events::Event;
-use crate::hardware::Machine;
 use axum::Router;
-use axum::extract::{ConnectInfo, Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
+use bytes::Bytes;
 use ipnet::IpNet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -21,7 +22,20 @@ use std::time::{SystemTime, UNIX_EPOCH};
 const TOKEN: &str = "x-aws-ec2-metadata-token";
 const TOKEN_TTL: &str = "x-aws-ec2-metadata-token-ttl-seconds";
 
-pub fn router() -> Router<Arc<App>> {
+/// The metadata routes' state: the app and its rendered answers.
+pub struct Meta {
+    pub app: Arc<App>,
+    pub cache: Cache,
+}
+
+type St = State<Arc<Meta>>;
+
+pub fn router<S: Clone + Send + Sync + 'static>(app: Arc<App>) -> Router<S> {
+    router_with(app, Cache::default())
+}
+
+/// As [`router`], with a given cache (tests: a short event window).
+pub fn router_with<S: Clone + Send + Sync + 'static>(app: Arc<App>, cache: Cache) -> Router<S> {
     Router::new()
         .route("/", get(versions))
         .route("/latest/api/token", put(new_token))
@@ -33,6 +47,7 @@ pub fn router() -> Router<Arc<App>> {
         .route("/cloud-init/user-data", get(nocloud_user))
         .route("/cloud-init/vendor-data", get(nocloud_vendor))
         .route("/cloud-init/network-config", get(nocloud_network))
+        .with_state(Arc::new(Meta { app, cache }))
 }
 
 /// The caller's address: the peer, unless the peer is a trusted proxy, in
@@ -71,8 +86,13 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-fn text(body: String) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+const TEXT: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+const JSON: HeaderValue = HeaderValue::from_static("application/json");
+
+fn reply(content_type: HeaderValue, body: Bytes) -> Response {
+    let mut r = Response::new(axum::body::Body::from(body));
+    r.headers_mut().insert(header::CONTENT_TYPE, content_type);
+    r
 }
 
 fn reject(app: &App, code: StatusCode, why: String) -> Response {
@@ -86,12 +106,13 @@ fn refuse(app: &App, code: StatusCode, why: String) -> Box<Response> {
 }
 
 /// Identify the caller and check its IMDSv2 token, if any (required when
-/// `metadata.require_token`).
+/// `metadata.require_token`); its cached answers.
 fn caller(
-    app: &App,
+    meta: &Meta,
     peer: SocketAddr,
     headers: &HeaderMap,
-) -> Result<(IpAddr, Machine), Box<Response>> {
+) -> Result<(IpAddr, Arc<Entry>), Box<Response>> {
+    let app = &*meta.app;
     let ip = client_ip(peer.ip(), headers, &app.config.metadata.trusted_proxies);
     match headers.get(TOKEN).map(|t| t.to_str().unwrap_or("")) {
         Some(t) => {
@@ -112,8 +133,9 @@ fn caller(
         }
         None => {}
     }
+    // Only Hardware IPs make cache entries.
     match app.inventory.snapshot().by_ip(&ip) {
-        Some(m) => Ok((ip, m.machine())),
+        Some(r) => Ok((ip, meta.cache.entry(ip, r))),
         None => Err(refuse(
             app,
             StatusCode::NOT_FOUND,
@@ -134,28 +156,33 @@ fn is_version(v: &str) -> bool {
             }))
 }
 
-fn record(app: &App, m: &Machine, ip: IpAddr, what: &str) {
-    app.events.record(
-        Event::new("metadata.read", format!("metadata read: {what}"))
-            .machine(m.key.clone())
-            .ip(ip),
-    );
+/// A `metadata.read` event, at most one per IP and document per window
+/// (the request counters stay exact).
+fn record(meta: &Meta, e: &Entry, ip: IpAddr, what: Read, message: impl FnOnce() -> String) {
+    if meta.cache.should_record(e, what) {
+        meta.app.events.record(
+            Event::new("metadata.read", format!("metadata read: {}", message()))
+                .machine(e.record().key.clone())
+                .ip(ip),
+        );
+    }
 }
 
-fn ok(app: &App, body: String) -> Response {
+fn ok(app: &App, body: Bytes) -> Response {
     app.metrics.metadata(200);
-    text(body)
+    reply(TEXT, body)
 }
 
-async fn versions(State(app): State<Arc<App>>) -> Response {
-    ok(&app, VERSIONS.join("\n"))
+async fn versions(State(meta): St) -> Response {
+    ok(&meta.app, Bytes::from(VERSIONS.join("\n")))
 }
 
 async fn new_token(
-    State(app): State<Arc<App>>,
+    State(meta): St,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
 ) -> Response {
+    let app = &*meta.app;
     let trusted = &app.config.metadata.trusted_proxies;
     // As AWS: a token request relayed by an unknown proxy is refused.
     if headers.contains_key("x-forwarded-for")
@@ -164,7 +191,7 @@ async fn new_token(
             .any(|n| n.contains(&peer.ip().to_canonical()))
     {
         return reject(
-            &app,
+            app,
             StatusCode::FORBIDDEN,
             "X-Forwarded-For from an untrusted peer".into(),
         );
@@ -177,7 +204,7 @@ async fn new_token(
         Some(t) if (1..=super::token::MAX_TTL).contains(&t) => t,
         _ => {
             return reject(
-                &app,
+                app,
                 StatusCode::BAD_REQUEST,
                 format!("{TOKEN_TTL} must be 1-{}", super::token::MAX_TTL),
             );
@@ -186,7 +213,7 @@ async fn new_token(
     let ip = client_ip(peer.ip(), &headers, trusted);
     if app.inventory.snapshot().by_ip(&ip).is_none() {
         return reject(
-            &app,
+            app,
             StatusCode::NOT_FOUND,
             format!("no Hardware has IP {ip}"),
         );
@@ -200,32 +227,33 @@ async fn new_token(
 }
 
 async fn ec2_index(
-    State(app): State<Arc<App>>,
+    State(meta): St,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
     Path(version): Path<String>,
+    req: Request,
 ) -> Response {
-    serve_ec2(&app, peer, &headers, &version, "")
+    serve_ec2(&meta, peer, req.headers(), &version, "")
 }
 
 async fn ec2(
-    State(app): State<Arc<App>>,
+    State(meta): St,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
     Path((version, path)): Path<(String, String)>,
+    req: Request,
 ) -> Response {
-    serve_ec2(&app, peer, &headers, &version, &path)
+    serve_ec2(&meta, peer, req.headers(), &version, &path)
 }
 
 /// Everything under `/<version>/`: the index, `meta-data/...`,
 /// `dynamic/...`, `user-data`, `vendor-data`.
 fn serve_ec2(
-    app: &App,
+    meta: &Meta,
     peer: SocketAddr,
     headers: &HeaderMap,
     version: &str,
     path: &str,
 ) -> Response {
+    let app = &*meta.app;
     if !is_version(version) {
         return reject(
             app,
@@ -235,13 +263,16 @@ fn serve_ec2(
     }
     let (section, rest) = path.split_once('/').unwrap_or((path, ""));
     if matches!(section, "user-data" | "vendor-data") && rest.is_empty() {
-        return data(app, peer, headers, section, false);
+        return data(meta, peer, headers, section, false);
     }
-    let (ip, m) = match caller(app, peer, headers) {
+    let (ip, e) = match caller(meta, peer, headers) {
         Ok(x) => x,
         Err(r) => return *r,
     };
-    let body = match section {
+    if section == "meta-data" && rest.trim_matches('/') == "instance-id" {
+        record(meta, &e, ip, Read::InstanceId, || "instance-id".into());
+    }
+    let body = e.ec2(path, |m| match section {
         "" => {
             let mut items = vec!["dynamic/", "meta-data/"];
             if m.spec.user_data.is_some() {
@@ -252,15 +283,10 @@ fn serve_ec2(
             }
             Some(items.join("\n"))
         }
-        "meta-data" => {
-            if rest.trim_matches('/') == "instance-id" {
-                record(app, &m, ip, "instance-id");
-            }
-            ec2_get(&m, ip, rest)
-        }
-        "dynamic" => super::dynamic(&m, ip).get(rest).map(super::Node::render),
+        "meta-data" => ec2_get(m, ip, rest),
+        "dynamic" => super::dynamic(m, ip).get(rest).map(super::Node::render),
         _ => None,
-    };
+    });
     match body {
         Some(b) => ok(app, b),
         None => reject(app, StatusCode::NOT_FOUND, format!("no {path}")),
@@ -269,86 +295,112 @@ fn serve_ec2(
 
 /// EC2 answers 404 when there is no user data; NoCloud wants every file
 /// (a missing one costs cloud-init ~10 s of retries), so it gets an empty one.
-fn data(app: &App, peer: SocketAddr, headers: &HeaderMap, which: &str, nocloud: bool) -> Response {
-    let (ip, m) = match caller(app, peer, headers) {
+fn data(
+    meta: &Meta,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    which: &str,
+    nocloud: bool,
+) -> Response {
+    let app = &*meta.app;
+    let (ip, e) = match caller(meta, peer, headers) {
         Ok(x) => x,
         Err(r) => return *r,
     };
-    let value = match which {
-        "user-data" => m.spec.user_data.clone(),
-        _ => m.spec.vendor_data.clone(),
+    let (value, what) = match which {
+        "user-data" => (
+            e.user_data
+                .get_or_init(|| e.machine().spec.user_data.clone().map(Bytes::from)),
+            Read::UserData,
+        ),
+        _ => (
+            e.vendor_data
+                .get_or_init(|| e.machine().spec.vendor_data.clone().map(Bytes::from)),
+            Read::VendorData,
+        ),
     };
     match value {
         Some(v) => {
-            record(app, &m, ip, which);
-            ok(app, v)
+            record(meta, &e, ip, what, || which.to_string());
+            ok(app, v.clone())
         }
-        None if nocloud => ok(app, String::new()),
+        None if nocloud => ok(app, Bytes::new()),
         None => reject(
             app,
             StatusCode::NOT_FOUND,
-            format!("Hardware {} has no {which}", m.key),
+            format!("Hardware {} has no {which}", e.record().key),
         ),
     }
 }
 
 async fn metadata(
-    State(app): State<Arc<App>>,
+    State(meta): St,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
+    req: Request,
 ) -> Response {
-    let (ip, m) = match caller(&app, peer, &headers) {
+    let (ip, e) = match caller(&meta, peer, req.headers()) {
         Ok(x) => x,
         Err(r) => return *r,
     };
-    record(&app, &m, ip, "/metadata");
-    app.metrics.metadata(200);
-    axum::Json(metadata_json(&m, ip)).into_response()
+    record(&meta, &e, ip, Read::Metadata, || "/metadata".into());
+    meta.app.metrics.metadata(200);
+    let body = e.metadata.get_or_init(|| {
+        Bytes::from(serde_json::to_vec(&metadata_json(e.machine(), ip)).unwrap_or_default())
+    });
+    reply(JSON, body.clone())
 }
 
 async fn nocloud_meta(
-    State(app): State<Arc<App>>,
+    State(meta): St,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
+    req: Request,
 ) -> Response {
-    let (ip, m) = match caller(&app, peer, &headers) {
+    let (ip, e) = match caller(&meta, peer, req.headers()) {
         Ok(x) => x,
         Err(r) => return *r,
     };
-    record(
-        &app,
-        &m,
-        ip,
-        &format!("NoCloud meta-data (instance-id {})", instance_id(&m)),
-    );
-    ok(&app, nocloud_meta_data(&m, ip))
+    record(&meta, &e, ip, Read::NocloudMeta, || {
+        format!(
+            "NoCloud meta-data (instance-id {})",
+            instance_id(e.machine())
+        )
+    });
+    let body = e
+        .nocloud_meta
+        .get_or_init(|| Bytes::from(nocloud_meta_data(e.machine(), ip)));
+    ok(&meta.app, body.clone())
 }
 
 async fn nocloud_user(
-    State(app): State<Arc<App>>,
+    State(meta): St,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
+    req: Request,
 ) -> Response {
-    data(&app, peer, &headers, "user-data", true)
+    data(&meta, peer, req.headers(), "user-data", true)
 }
 
 async fn nocloud_vendor(
-    State(app): State<Arc<App>>,
+    State(meta): St,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
+    req: Request,
 ) -> Response {
-    data(&app, peer, &headers, "vendor-data", true)
+    data(&meta, peer, req.headers(), "vendor-data", true)
 }
 
 async fn nocloud_network(
-    State(app): State<Arc<App>>,
+    State(meta): St,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
+    req: Request,
 ) -> Response {
-    let (ip, m) = match caller(&app, peer, &headers) {
+    let (ip, e) = match caller(&meta, peer, req.headers()) {
         Ok(x) => x,
         Err(r) => return *r,
     };
-    record(&app, &m, ip, "NoCloud network-config");
-    ok(&app, nocloud_network_config(&m))
+    record(&meta, &e, ip, Read::NocloudNetwork, || {
+        "NoCloud network-config".into()
+    });
+    let body = e
+        .nocloud_network
+        .get_or_init(|| Bytes::from(nocloud_network_config(e.machine())));
+    ok(&meta.app, body.clone())
 }

@@ -4,6 +4,7 @@
 //! `/cloud-init/`. Everything here is pure: a machine in, documents out.
 //! [`http`] finds the machine by source IP and serves them.
 
+pub mod cache;
 pub mod http;
 pub mod token;
 
