@@ -100,6 +100,8 @@ pub struct Reply {
     pub machine: Option<Key>,
     pub mac: Mac,
     pub fields: serde_json::Value,
+    /// `msg` encoded as [`encode`] would, when it already was (sizing it).
+    pub wire: Option<Vec<u8>>,
 }
 
 #[derive(Debug)]
@@ -399,6 +401,7 @@ fn nak(req: &Message, c: &Client, key: Key, why: String, s: &Settings) -> Outcom
         machine: Some(key),
         mac: c.mac,
         fields: json!({"reason": why, "relay": relay_fields(req), "xid": format!("{:#010x}", req.xid())}),
+        wire: None,
     }))
 }
 
@@ -642,6 +645,7 @@ fn finish(
     // Extra codes differ from the core ones and from each other, so
     // removing one by code takes back exactly what was inserted.
     let codes: Vec<OptionCode> = extra.iter().map(OptionCode::from).collect();
+    let mut wire = None;
     for opt in extra {
         msg.opts_mut().insert(opt);
     }
@@ -649,8 +653,12 @@ fn finish(
     let mut buf = Vec::with_capacity(600);
     loop {
         buf.clear();
-        let fits = msg.encode(&mut Encoder::new(&mut buf)).is_ok() && buf.len() <= o.max;
-        if fits || kept == 0 {
+        let ok = msg.encode(&mut Encoder::new(&mut buf)).is_ok();
+        if ok && buf.len() <= o.max {
+            wire = Some(buf);
+            break;
+        }
+        if kept == 0 {
             break;
         }
         kept -= 1;
@@ -668,6 +676,13 @@ fn finish(
     };
     if dest == Dest::Broadcast && !msg.flags().broadcast() {
         msg.set_flags(Flags::default().set_broadcast());
+        // Changed after sizing: the server encodes it again.
+        wire = None;
+    }
+    if let Some(w) = wire.as_mut()
+        && w.len() < MIN_BOOTP
+    {
+        w.resize(MIN_BOOTP, 0);
     }
     Outcome::Reply(Box::new(Reply {
         msg,
@@ -676,6 +691,7 @@ fn finish(
         machine,
         mac: c.mac,
         fields,
+        wire,
     }))
 }
 

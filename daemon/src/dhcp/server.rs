@@ -107,7 +107,7 @@ impl Shell {
                     .record(Event::new(kind, message).machine(machine).mac(mac));
                 false
             }
-            Outcome::Reply(r) => {
+            Outcome::Reply(mut r) => {
                 let to = match r.dest {
                     Dest::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, super::CLIENT_PORT),
                     Dest::Relay(g) => SocketAddrV4::new(g, super::SERVER_PORT),
@@ -124,7 +124,11 @@ impl Shell {
                 } else {
                     None
                 };
-                let bytes = match super::encode(&r.msg) {
+                let encoded = match r.wire.take() {
+                    Some(b) => Ok(b),
+                    None => super::encode(&r.msg),
+                };
+                let bytes = match encoded {
                     Ok(b) => b,
                     Err(e) => {
                         self.metrics.dhcp_ignored("encode_failed");

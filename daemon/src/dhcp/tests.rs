@@ -126,8 +126,19 @@ fn ovmf(mac: &str) -> Message {
 
 fn reply(o: Outcome) -> Reply {
     match o {
-        Outcome::Reply(r) => *r,
+        Outcome::Reply(r) => {
+            same_wire(&r);
+            *r
+        }
         other => panic!("expected a reply, got {other:?}"),
+    }
+}
+
+/// The bytes sized while building a reply are the ones the server would
+/// encode from its message.
+fn same_wire(r: &Reply) {
+    if let Some(w) = &r.wire {
+        assert_eq!(Some(w), encode(&r.msg).ok().as_ref(), "{:?}", r.kind);
     }
 }
 
@@ -621,6 +632,7 @@ fn relayed_requests_go_back_to_the_relay_with_option_82() {
         &settings(Mode::Reservation),
     ));
     assert_eq!(r.dest, Dest::Relay("10.50.0.1".parse().unwrap()));
+    assert!(r.wire.is_some(), "encoded once, while sizing");
     assert_eq!(r.msg.giaddr().to_string(), "10.50.0.1");
     assert_eq!(
         opt(&r.msg, C::RelayAgentInformation),
@@ -741,6 +753,7 @@ fn malformed_and_mutated_packets_never_panic() {
             && let Outcome::Reply(r) = respond(&m, Port::Dhcp, &snap, &s)
         {
             let _ = encode(&r.msg);
+            same_wire(&r);
             answered += 1;
         }
     }
