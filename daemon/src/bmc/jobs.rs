@@ -449,6 +449,9 @@ impl Runner {
                 }
                 match state {
                     Some(s) => {
+                        // Store the new state first: whoever sees the event
+                        // must also see it in the Machine's status.
+                        self.contact(bmc.as_ref(), Some(s), None).await;
                         if row.power_state != state_word(s) && row.power_state != "unknown" {
                             let subject = self.hardware_of(&key);
                             self.events.record(
@@ -463,7 +466,6 @@ impl Runner {
                                 .machine(subject),
                             );
                         }
-                        self.contact(bmc.as_ref(), Some(s), None).await;
                     }
                     None => self.contact(bmc.as_ref(), None, last_err.as_deref()).await,
                 }
