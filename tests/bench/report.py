@@ -12,6 +12,19 @@ import json
 import sys
 
 
+def print_table(head, rows, md):
+    """A Markdown table, or columns padded to their widest cell."""
+    if md:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    else:
+        w = [max(len(str(x[i])) for x in rows + [head]) for i in range(len(head))]
+        for row in [head] + rows:
+            print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(row)).rstrip())
+
+
 def load(path):
     rows = []
     with open(path) as f:
@@ -191,15 +204,7 @@ def main():
               f"{host.get('mem_mib')} MiB, Linux {host.get('kernel')}, Debian {host.get('debian')}, "
               f"tinkerbox {host.get('git')}")
     total = next((r for r in rows if r["section"] == "run"), None)
-    if md:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for row in out:
-            print("| " + " | ".join(row) + " |")
-    else:
-        w = [max(len(str(x[i])) for x in out + [head]) for i in range(len(head))]
-        for row in [head] + out:
-            print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(row)).rstrip())
+    print_table(head, out, md)
     # DHCP detail: who was the bottleneck. CPU is in cores (1.00 = one core
     # busy for the whole step); the generators are perfdhcp, all together.
     det = []
@@ -218,15 +223,7 @@ def main():
         h2 = ("server", "records", "DORA/s", "failed at", "min/avg/max/sd ms", "p50/p99 ms",
               "srv cores", "gen cores", "srv cores@fail", "gen cores@fail")
         print()
-        if md:
-            print("| " + " | ".join(h2) + " |")
-            print("|" + "---|" * len(h2))
-            for row in det:
-                print("| " + " | ".join(row) + " |")
-        else:
-            w = [max(len(str(x[i])) for x in det + [h2]) for i in range(len(h2))]
-            for row in [h2] + det:
-                print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(row)).rstrip())
+        print_table(h2, det, md)
     if total:
         print(f"({total['config']} run: {total['seconds']} s)")
 
