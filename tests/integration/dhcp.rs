@@ -9,7 +9,7 @@
 //! named after the test process's PID and torn down on drop, panics included.
 
 use crate::common::{Daemon, Setup};
-use crate::netns::{LAB_LIB, Ran, have, in_ns, is_root, lab_sh, poll, run, run_ok};
+use crate::netns::{self, Ran, have, in_ns, is_root, poll, run, run_ok};
 use serde_json::{Value, json};
 use std::fs::File;
 use std::net::Ipv4Addr;
@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 const SERVER: &str = "10.99.0.1";
 /// The lab network's bridge address, as lab_up wants it.
-const BRIDGE_CIDR: &str = "10.99.0.1/24";
 /// Fixed inside the lab namespace (nothing else listens there).
 const HTTP_LISTEN: &str = "127.0.0.1:7080";
 const API_LISTEN: &str = "127.0.0.1:7081";
@@ -139,50 +138,27 @@ fn check_prerequisites() {
     }
 }
 
-/// Namespace `tb-TAG-PID` with br0 = 10.99.0.1/24, plus client namespaces
-/// on veths into br0. Drop runs lab_down: every process left inside is
-/// killed and the namespaces are deleted.
-struct Lab {
-    ns: String,
-    clients: Vec<String>,
-    tag: String,
-    dir: tempfile::TempDir,
+/// The namespace lab (`tb-TAG-PID`, see [`netns::Lab`]) with the DHCP
+/// tests' own helpers.
+struct Lab(netns::Lab);
+
+impl std::ops::Deref for Lab {
+    type Target = netns::Lab;
+    fn deref(&self) -> &netns::Lab {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Lab {
+    fn deref_mut(&mut self) -> &mut netns::Lab {
+        &mut self.0
+    }
 }
 
 impl Lab {
     fn new(tag: &str) -> Lab {
         check_prerequisites();
-        let lab = Lab {
-            ns: format!("tb-{tag}-{}", std::process::id()),
-            clients: vec![],
-            tag: tag.to_string(),
-            dir: tempfile::tempdir().unwrap(),
-        };
-        // Registered before it exists: a failing lab_up is cleaned up too.
-        lab_sh(&["lab_up", &lab.ns, BRIDGE_CIDR]);
-        lab
-    }
-
-    /// A namespace `ROLE-TAG-PID` whose eth0 (a veth into br0) has `mac`
-    /// and, when given, the address `cidr`. Roles must differ in their
-    /// first letters (lib.sh names the bridge end after 13 characters).
-    fn client(&mut self, role: &str, mac: &str, cidr: Option<&str>) -> String {
-        let ns = format!("{role}-{}-{}", self.tag, std::process::id());
-        self.clients.push(ns.clone());
-        lab_sh(&["lab_veth", &self.ns, &ns]);
-        let mut c = in_ns(&ns, "ip");
-        c.args(["link", "set", "dev", "eth0", "address", mac]);
-        run_ok(c, Duration::from_secs(10));
-        if let Some(cidr) = cidr {
-            let mut c = in_ns(&ns, "ip");
-            c.args(["addr", "add", cidr, "dev", "eth0"]);
-            run_ok(c, Duration::from_secs(10));
-        }
-        ns
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        Lab(netns::Lab::new("tb", tag))
     }
 
     /// An executable shell script in the lab's directory.
@@ -197,8 +173,7 @@ impl Lab {
     /// NIC holds the default route: a veth `up0` (not on br0) with `cidr`,
     /// into a namespace `ROLE-TAG-PID` holding `gateway`, the default route.
     fn uplink(&mut self, role: &str, cidr: &str, gateway: &str) {
-        let ns = format!("{role}-{}-{}", self.tag, std::process::id());
-        self.clients.push(ns.clone());
+        let ns = self.own(role);
         let prefix = cidr.split_once('/').unwrap().1;
         let gw_cidr = format!("{gateway}/{prefix}");
         let (lab, up) = (self.ns.as_str(), ns.as_str());
@@ -242,19 +217,6 @@ impl Lab {
             api_listen: Some(API_LISTEN),
             ..Setup::default()
         })
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let mut args = vec!["lab_down", self.ns.as_str()];
-        args.extend(self.clients.iter().map(String::as_str));
-        let mut cmd = Command::new("bash");
-        cmd.args(["-c", ". \"$0\" && \"$@\"", LAB_LIB]).args(&args);
-        let r = run(cmd, Duration::from_secs(60));
-        if !r.ok() {
-            eprintln!("lab_down {args:?}: {}", r.describe());
-        }
     }
 }
 
@@ -373,7 +335,7 @@ fn hook_env(path: &Path) -> std::collections::BTreeMap<String, String> {
 
 /// A udhcpc hook that saves its environment to `udhcpc.<event>.env`.
 fn udhcpc_script(lab: &Lab) -> PathBuf {
-    let dir = lab.dir.path().display();
+    let dir = lab.dir().display();
     lab.script(
         "udhcpc.sh",
         &format!("#!/bin/sh\nenv > \"{dir}/udhcpc.$1.env\"\nexit 0\n"),
@@ -598,7 +560,7 @@ BOUND|RENEW|REBIND|REBOOT) ip addr add "$new_ip_address/$new_subnet_mask" dev "$
 RELEASE|STOP|EXPIRE|FAIL) ip addr flush dev "$interface" ;;
 esac
 "#,
-            dir = lab.dir.path().display()
+            dir = lab.dir().display()
         ),
     );
     let (lease, pidfile) = (lab.path("dhclient.leases"), lab.path("dhclient.pid"));

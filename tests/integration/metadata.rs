@@ -11,9 +11,8 @@
 //! PID and torn down on drop, panics included; every wait is bounded.
 
 use crate::common::{Daemon, Setup};
-use crate::netns::{LAB_LIB, have, in_ns, is_root, lab_sh, poll, run, run_ok};
+use crate::netns::{self, have, in_ns, is_root, poll, run};
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -24,7 +23,6 @@ const DRIVER: &str = concat!(
 /// Debian's interpreter: cloud-init is a Debian package, not on PyPI.
 const PYTHON: &str = "/usr/bin/python3";
 
-const BRIDGE_CIDR: &str = "10.99.0.1/24";
 /// Fixed inside the lab namespace (nothing else listens there).
 const HTTP_LISTEN: &str = "0.0.0.0:7080";
 const URL: &str = "http://10.99.0.1:7080";
@@ -88,55 +86,39 @@ fn check_prerequisites() {
     );
 }
 
-/// Namespace `tbmd-TAG-PID` with br0 = 10.99.0.1/24, plus client
-/// namespaces on veths into br0. Drop runs lab_down: every process left
-/// inside is killed and the namespaces are deleted.
-struct Lab {
-    ns: String,
-    clients: Vec<String>,
-    tag: String,
-    dir: tempfile::TempDir,
+/// The namespace lab (`tbmd-TAG-PID`, see [`netns::Lab`]) with the
+/// metadata tests' own helpers.
+struct Lab(netns::Lab);
+
+impl std::ops::Deref for Lab {
+    type Target = netns::Lab;
+    fn deref(&self) -> &netns::Lab {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Lab {
+    fn deref_mut(&mut self) -> &mut netns::Lab {
+        &mut self.0
+    }
 }
 
 impl Lab {
     fn new(tag: &str) -> Lab {
         check_prerequisites();
-        let lab = Lab {
-            ns: format!("tbmd-{tag}-{}", std::process::id()),
-            clients: vec![],
-            tag: tag.to_string(),
-            dir: tempfile::tempdir().unwrap(),
-        };
-        // Built after the guard exists: a failing lab_up is cleaned up too.
-        lab_sh(&["lab_up", &lab.ns, BRIDGE_CIDR]);
-        lab
+        Lab(netns::Lab::new("tbmd", tag))
     }
 
-    /// A namespace `ROLE-mdTAG-PID` whose eth0 (a veth into br0) has `mac`
-    /// and `ip`/24, able to reach the daemon. Roles must differ in their
-    /// first letter (lib.sh names the bridge end after 13 characters).
+    /// A client namespace (see [`netns::Lab::client`]) with `ip`/24, able
+    /// to reach the daemon.
     fn client(&mut self, role: &str, mac: &str, ip: &str) -> String {
-        let ns = format!("{role}-md{}-{}", self.tag, std::process::id());
-        self.clients.push(ns.clone());
-        lab_sh(&["lab_veth", &self.ns, &ns]);
-        for args in [
-            vec!["link", "set", "dev", "eth0", "address", mac],
-            vec!["addr", "add", &format!("{ip}/24"), "dev", "eth0"],
-        ] {
-            let mut c = in_ns(&ns, "ip");
-            c.args(&args);
-            run_ok(c, Duration::from_secs(10));
-        }
+        let ns = self.0.client(role, mac, Some(&format!("{ip}/24")));
         // The bridge port forwards at once (no STP), but be sure.
         let reached = poll(Duration::from_secs(10), || {
             (curl(&ns, &[&format!("{URL}/healthz")]).0 == 200).then_some(())
         });
         assert!(reached.is_some(), "{ns} cannot reach {URL}/healthz");
         ns
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
     }
 
     /// tinkerbox in the lab namespace: HTTP on 0.0.0.0:7080, DHCP, TFTP and
@@ -192,19 +174,6 @@ impl Lab {
             eprintln!("  cloud-init: {line}");
         }
         v
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let mut args = vec!["lab_down", self.ns.as_str()];
-        args.extend(self.clients.iter().map(String::as_str));
-        let mut cmd = Command::new("bash");
-        cmd.args(["-c", ". \"$0\" && \"$@\"", LAB_LIB]).args(&args);
-        let r = run(cmd, Duration::from_secs(60));
-        if !r.ok() {
-            eprintln!("lab_down {args:?}: {}", r.describe());
-        }
     }
 }
 

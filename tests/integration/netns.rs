@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -131,4 +131,79 @@ pub fn lab_sh(args: &[&str]) -> Ran {
     let mut cmd = Command::new("bash");
     cmd.args(["-c", ". \"$0\" && \"$@\"", LAB_LIB]).args(args);
     run_ok(cmd, Duration::from_secs(60))
+}
+
+/// The lab bridge's address (as in tests/lab/boot).
+pub const BRIDGE_CIDR: &str = "10.99.0.1/24";
+
+/// Namespace `PREFIX-TAG-PID` with br0 = 10.99.0.1/24, plus client
+/// namespaces on veths into br0, and a scratch directory. Drop runs
+/// lab_down: every process left inside is killed and the namespaces are
+/// deleted, also when the test failed.
+pub struct Lab {
+    pub ns: String,
+    clients: Vec<String>,
+    tag: String,
+    dir: tempfile::TempDir,
+}
+
+impl Lab {
+    pub fn new(prefix: &str, tag: &str) -> Lab {
+        let lab = Lab {
+            ns: format!("{prefix}-{tag}-{}", std::process::id()),
+            clients: vec![],
+            tag: tag.to_string(),
+            dir: tempfile::tempdir().unwrap(),
+        };
+        // Built after the guard exists: a failing lab_up is cleaned up too.
+        lab_sh(&["lab_up", &lab.ns, BRIDGE_CIDR]);
+        lab
+    }
+
+    /// The name `ROLE-TAG-PID` for a namespace the caller makes, deleted
+    /// with the lab.
+    pub fn own(&mut self, role: &str) -> String {
+        let ns = format!("{role}-{}-{}", self.tag, std::process::id());
+        self.clients.push(ns.clone());
+        ns
+    }
+
+    /// A namespace `ROLE-TAG-PID` whose eth0 (a veth into br0) has `mac`
+    /// and, when given, the address `cidr`. Roles must differ in their
+    /// first letters (lib.sh names the bridge end after 13 characters).
+    pub fn client(&mut self, role: &str, mac: &str, cidr: Option<&str>) -> String {
+        let ns = self.own(role);
+        lab_sh(&["lab_veth", &self.ns, &ns]);
+        let mut c = in_ns(&ns, "ip");
+        c.args(["link", "set", "dev", "eth0", "address", mac]);
+        run_ok(c, Duration::from_secs(10));
+        if let Some(cidr) = cidr {
+            let mut c = in_ns(&ns, "ip");
+            c.args(["addr", "add", cidr, "dev", "eth0"]);
+            run_ok(c, Duration::from_secs(10));
+        }
+        ns
+    }
+
+    /// The lab's scratch directory, and a file in it.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let mut args = vec!["lab_down", self.ns.as_str()];
+        args.extend(self.clients.iter().map(String::as_str));
+        let mut cmd = Command::new("bash");
+        cmd.args(["-c", ". \"$0\" && \"$@\"", LAB_LIB]).args(&args);
+        let r = run(cmd, Duration::from_secs(60));
+        if !r.ok() {
+            eprintln!("lab_down {args:?}: {}", r.describe());
+        }
+    }
 }
