@@ -7,7 +7,7 @@
 //! sushy's fake driver applies a power change 1–11 s after the request, so
 //! the power tests poll the state, each wait bounded.
 
-use crate::common::free_port;
+use crate::common::{free_port, self_signed_leaf};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
@@ -109,31 +109,8 @@ impl Sushy {
         std::fs::write(d.join("sushy.conf"), conf).unwrap();
         let mut tls_args: Vec<String> = Vec::new();
         if opts.tls {
-            let o = Command::new("openssl")
-                .args([
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1",
-                ])
-                .args(["-nodes", "-days", "2", "-subj", "/CN=127.0.0.1"])
-                // A BMC's self-signed leaf (not a CA): what rustls sees is
-                // an unknown issuer.
-                .args(["-addext", "subjectAltName=IP:127.0.0.1"])
-                .args(["-addext", "basicConstraints=critical,CA:FALSE"])
-                .arg("-keyout")
-                .arg(d.join("key.pem"))
-                .arg("-out")
-                .arg(d.join("cert.pem"))
-                .output()
-                .unwrap();
-            assert!(
-                o.status.success(),
-                "openssl: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
+            // A BMC's self-signed leaf: what rustls sees is an unknown issuer.
+            self_signed_leaf(&d.join("cert.pem"), &d.join("key.pem"), "127.0.0.1");
             tls_args = vec![
                 "--ssl-certificate".into(),
                 d.join("cert.pem").display().to_string(),

@@ -346,3 +346,26 @@ pub fn hw_doc(name: &str, mac: &str, ip: &str) -> String {
         "apiVersion: tinkerbell.org/v1alpha1\nkind: Hardware\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  interfaces:\n  - dhcp:\n      mac: \"{mac}\"\n      ip:\n        address: {ip}\n        netmask: 255.255.255.0\n    netboot:\n      allowPXE: true\n"
     )
 }
+
+/// A self-signed P-256 leaf certificate for 127.0.0.1 (CN `cn`), made by
+/// openssl: `CA:FALSE`, since rustls refuses a CA certificate used as an
+/// end entity, and a client that does not trust it sees an unknown issuer.
+pub fn self_signed_leaf(cert: &Path, key: &Path, cn: &str) {
+    let o = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+        .args(["-subj", &format!("/CN={cn}")])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(key)
+        .arg("-out")
+        .arg(cert)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -286,37 +286,7 @@ fn cli_finds_server_and_token_in_order() {
 fn admin_api_over_tls() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = (dir.path().join("api.crt"), dir.path().join("api.key"));
-    let st = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "2",
-        ])
-        .args([
-            "-subj",
-            "/CN=tinkerbox",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ])
-        // A server certificate, not a CA: rustls refuses a CA used as end entity.
-        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .unwrap();
-    assert!(
-        st.status.success(),
-        "{}",
-        String::from_utf8_lossy(&st.stderr)
-    );
+    self_signed_leaf(&cert, &key, "tinkerbox");
     let d = Daemon::start_with(&format!(
         "tls_cert = {:?}\ntls_key = {:?}\n",
         cert.to_str().unwrap(),
