@@ -24,7 +24,9 @@ pub struct Event {
     /// Short, stable, dotted: `hardware.created`, `dhcp.offer`, `tftp.sent`.
     pub kind: &'static str,
     pub message: String,
-    pub fields: Option<Value>,
+    /// A JSON object, as text: hot paths serialise typed fields straight
+    /// into it, and the writer stores it as it is.
+    pub fields: Option<String>,
 }
 
 impl Event {
@@ -56,7 +58,14 @@ impl Event {
     }
 
     pub fn fields(mut self, fields: Value) -> Self {
-        self.fields = Some(fields);
+        self.fields = Some(fields.to_string());
+        self
+    }
+
+    /// Fields from a typed value (a struct or a map serialising as a JSON
+    /// object), without building a `Value` first.
+    pub fn fields_of<T: serde::Serialize>(mut self, fields: &T) -> Self {
+        self.fields = serde_json::to_string(fields).ok();
         self
     }
 }

@@ -368,10 +368,11 @@ fn power_changes_made_elsewhere_become_events() {
             serde_json::from_str(&d.cli_ok(&["events", "node-1", "-o", "json"])).unwrap();
         let last = ev.iter().rfind(|e| e["kind"] == "bmc.power_changed");
         let get = d.cli_ok(&["bmc", "get"]);
-        if let Some(e) = last.filter(|e| e["time"].as_str() >= Some(forced_at.as_str())) {
-            if e["message"] == "power changed from on to off" && get.contains(" off ") {
-                break;
-            }
+        let after = last.filter(|e| e["time"].as_str() >= Some(forced_at.as_str()));
+        if after.is_some_and(|e| e["message"] == "power changed from on to off")
+            && get.contains(" off ")
+        {
+            break;
         }
         assert!(
             Instant::now() < deadline,

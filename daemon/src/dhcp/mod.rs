@@ -17,7 +17,6 @@ use dhcproto::v4::{
 };
 use dhcproto::{Encodable, Encoder};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
 
@@ -99,9 +98,66 @@ pub struct Reply {
     pub kind: &'static str,
     pub machine: Option<Key>,
     pub mac: Mac,
-    pub fields: serde_json::Value,
+    pub fields: Fields,
     /// `msg` encoded as [`encode`] would, when it already was (sizing it).
     pub wire: Option<Vec<u8>>,
+}
+
+/// The event's fields, typed: serialised straight to the event's JSON text
+/// (building a `serde_json::Value` per packet cost more than the reply).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Fields {
+    Lease {
+        ip: Ipv4Addr,
+        boot_file: Option<String>,
+        no_boot: Option<&'static str>,
+        arch: Option<u16>,
+        ipxe: bool,
+        relay: Option<RelayFields>,
+        xid: Xid,
+    },
+    Nak {
+        reason: String,
+        relay: Option<RelayFields>,
+        xid: Xid,
+    },
+    Proxy {
+        boot_file: String,
+        arch: Option<u16>,
+        ipxe: bool,
+        mode: &'static str,
+        relay: Option<RelayFields>,
+        xid: Xid,
+    },
+}
+
+impl Fields {
+    pub fn boot_file(&self) -> Option<&str> {
+        match self {
+            Fields::Lease { boot_file, .. } => boot_file.as_deref(),
+            Fields::Proxy { boot_file, .. } => Some(boot_file),
+            Fields::Nak { .. } => None,
+        }
+    }
+}
+
+/// Option 82 as the event shows it.
+#[derive(Debug, Serialize)]
+pub struct RelayFields {
+    pub giaddr: Ipv4Addr,
+    pub circuit_id: Option<String>,
+    pub remote_id: Option<String>,
+}
+
+/// A transaction id, shown as `0x0000abcd`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Xid(pub u32);
+
+impl Serialize for Xid {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("{:#010x}", self.0))
+    }
 }
 
 #[derive(Debug)]
@@ -241,7 +297,9 @@ pub fn boot_for(c: &Client, iface: Option<&Interface>, s: &Settings) -> Result<B
 /// Answer one request. Pure: no I/O, no clock.
 pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outcome {
     // The typed view, parsed from the compact record: this reply needs it.
-    respond_with(req, port, s, |mac| snap.by_mac(mac).map(|r| r.machine()))
+    respond_with(req, port, s, |mac| {
+        snap.by_mac(mac).map(|r| r.dhcp_machine())
+    })
 }
 
 /// [`respond`] with the machine found by `lookup` (the server caches the
@@ -357,15 +415,15 @@ pub fn respond_with<M: std::borrow::Borrow<Machine>>(
     if let Ok(b) = &boot {
         boot_options(&mut msg, &mut opts, &c, b, req, s);
     }
-    let fields = json!({
-        "ip": ip.to_string(),
-        "boot_file": boot.as_ref().ok().map(|b| b.file.clone()),
-        "no_boot": boot.as_ref().err(),
-        "arch": c.arch,
-        "ipxe": c.ipxe,
-        "relay": relay_fields(req),
-        "xid": format!("{:#010x}", req.xid()),
-    });
+    let fields = Fields::Lease {
+        ip,
+        no_boot: boot.as_ref().err().copied(),
+        boot_file: boot.ok().map(|b| b.file),
+        arch: c.arch,
+        ipxe: c.ipxe,
+        relay: relay_fields(req),
+        xid: Xid(req.xid()),
+    };
     finish(msg, opts, req, &c, kind, Some(key), fields, Port::Dhcp)
 }
 
@@ -400,7 +458,11 @@ fn nak(req: &Message, c: &Client, key: Key, why: String, s: &Settings) -> Outcom
         kind: "dhcp.nak",
         machine: Some(key),
         mac: c.mac,
-        fields: json!({"reason": why, "relay": relay_fields(req), "xid": format!("{:#010x}", req.xid())}),
+        fields: Fields::Nak {
+            reason: why,
+            relay: relay_fields(req),
+            xid: Xid(req.xid()),
+        },
         wire: None,
     }))
 }
@@ -433,14 +495,14 @@ fn proxy(req: &Message, port: Port, c: &Client, m: Option<&Machine>, s: &Setting
     msg.set_yiaddr(Ipv4Addr::UNSPECIFIED);
     let mut opts = Opts::new(req);
     boot_options(&mut msg, &mut opts, c, &boot, req, s);
-    let fields = json!({
-        "boot_file": boot.file,
-        "arch": c.arch,
-        "ipxe": c.ipxe,
-        "mode": s.mode.as_str(),
-        "relay": relay_fields(req),
-        "xid": format!("{:#010x}", req.xid()),
-    });
+    let fields = Fields::Proxy {
+        boot_file: boot.file,
+        arch: c.arch,
+        ipxe: c.ipxe,
+        mode: s.mode.as_str(),
+        relay: relay_fields(req),
+        xid: Xid(req.xid()),
+    };
     finish(
         msg,
         opts,
@@ -622,7 +684,7 @@ fn finish(
     c: &Client,
     kind: &'static str,
     machine: Option<Key>,
-    fields: serde_json::Value,
+    fields: Fields,
     port: Port,
 ) -> Outcome {
     for opt in o.core {
@@ -716,7 +778,7 @@ pub fn encode(m: &Message) -> Result<Vec<u8>, dhcproto::error::EncodeError> {
     Ok(buf)
 }
 
-fn relay_fields(req: &Message) -> Option<serde_json::Value> {
+fn relay_fields(req: &Message) -> Option<RelayFields> {
     let Some(DhcpOption::RelayAgentInformation(info)) =
         req.opts().get(OptionCode::RelayAgentInformation)
     else {
@@ -728,11 +790,11 @@ fn relay_fields(req: &Message) -> Option<serde_json::Value> {
         }
         _ => None,
     };
-    Some(json!({
-        "giaddr": req.giaddr().to_string(),
-        "circuit_id": text(RelayCode::AgentCircuitId),
-        "remote_id": text(RelayCode::AgentRemoteId),
-    }))
+    Some(RelayFields {
+        giaddr: req.giaddr(),
+        circuit_id: text(RelayCode::AgentCircuitId),
+        remote_id: text(RelayCode::AgentRemoteId),
+    })
 }
 
 /// Relay ids are bytes: text when printable, else hex.

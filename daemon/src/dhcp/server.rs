@@ -142,12 +142,9 @@ impl Shell {
                     return false;
                 }
                 self.metrics.dhcp_reply(r.kind, self.settings.mode.as_str());
-                let what = r.kind.trim_start_matches("dhcp.").to_uppercase();
-                let message = match r.fields.get("boot_file").and_then(|f| f.as_str()) {
-                    Some(f) => format!("DHCP {what} to {to}, boot file {f}"),
-                    None => format!("DHCP {what} to {to}"),
-                };
-                let mut e = Event::new(r.kind, message).mac(r.mac).fields(r.fields);
+                let mut e = Event::new(r.kind, reply_message(r.kind, to, r.fields.boot_file()))
+                    .mac(r.mac)
+                    .fields_of(&r.fields);
                 if !r.msg.yiaddr().is_unspecified() {
                     e = e.ip(std::net::IpAddr::V4(r.msg.yiaddr()));
                 }
@@ -190,7 +187,7 @@ fn machine_of(r: &Arc<Record>) -> Arc<Machine> {
         {
             return m.clone();
         }
-        let m = Arc::new(r.machine());
+        let m = Arc::new(r.dhcp_machine());
         if let Some(s) = cache.get_mut(slot) {
             *s = Some((r.clone(), m.clone()));
         }
@@ -270,6 +267,21 @@ async fn send(
             other => return other,
         }
     }
+}
+
+/// `DHCP OFFER to 10.0.0.5:68, boot file ipxe.efi`, in one allocation.
+fn reply_message(kind: &str, to: SocketAddrV4, boot_file: Option<&str>) -> String {
+    use std::fmt::Write;
+    let what = kind.trim_start_matches("dhcp.");
+    let mut m = String::with_capacity(48 + boot_file.map_or(0, str::len));
+    m.push_str("DHCP ");
+    m.extend(what.chars().map(|c| c.to_ascii_uppercase()));
+    let _ = write!(m, " to {to}");
+    if let Some(f) = boot_file {
+        m.push_str(", boot file ");
+        m.push_str(f);
+    }
+    m
 }
 
 fn type_name(t: MessageType) -> &'static str {

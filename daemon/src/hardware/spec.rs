@@ -72,6 +72,14 @@ pub struct HardwareSpec {
     pub vendor_data: Option<String>,
 }
 
+/// Only `spec.interfaces`: what DHCP reads, parsed without building the
+/// rest of the spec (metadata, user data), which serde skips over.
+#[derive(Deserialize)]
+pub struct InterfacesOnly {
+    #[serde(default, deserialize_with = "nullable")]
+    pub interfaces: Vec<Interface>,
+}
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct AutoCapabilities {
