@@ -13,7 +13,16 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// Events written per transaction at most.
-const BATCH: usize = 512;
+const BATCH: usize = 4096;
+
+/// How long the writer keeps gathering after an event arrives before it
+/// commits. Most of an event's cost is the B-tree pages it dirties (the
+/// per-machine index puts each machine's events on its own leaf page), and
+/// a page is written once per transaction however many events touch it: a
+/// machine's DHCP OFFER and ACK, its TFTP and HTTP events, and neighbours
+/// in the index share their pages when they share a transaction. Events
+/// show up this much later; the queue is drained all the while.
+const LINGER: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
@@ -174,6 +183,16 @@ pub async fn writer(
                 if n == 0 {
                     break;
                 }
+                let until = tokio::time::Instant::now() + LINGER;
+                while buf.len() < BATCH {
+                    let room = BATCH - buf.len();
+                    match tokio::time::timeout_at(until, rx.recv_many(&mut buf, room)).await {
+                        // Closed: write what there is, the next recv ends the loop.
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
+                let n = buf.len();
                 let due = trimmer.count(&buf);
                 match store.insert_events(&buf, &due, per_machine).await {
                     Ok(()) => {

@@ -502,7 +502,9 @@ fn ipmi_unreachable_bmc_times_out() {
     let bounded = |started: Instant| {
         let took = started.elapsed();
         assert!(
-            took >= limit - Duration::from_millis(100) && took < limit + Duration::from_millis(500),
+            // The upper bound only tells one timeout from a hang or a
+            // retry loop: a loaded 2-core CI machine adds seconds of delay.
+            took >= limit - Duration::from_millis(100) && took < limit * 3,
             "took {took:?} for a {limit:?} timeout"
         );
     };

@@ -20,7 +20,7 @@ pub mod bmc;
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 /// Rows per multi-row event INSERT, largest first (8 binds a row).
-const EVENT_CHUNKS: [usize; 7] = [64, 32, 16, 8, 4, 2, 1];
+const EVENT_CHUNKS: [usize; 8] = [128, 64, 32, 16, 8, 4, 2, 1];
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
