@@ -21,7 +21,8 @@ const BATCH: usize = 4096;
 /// a page is written once per transaction however many events touch it: a
 /// machine's DHCP OFFER and ACK, its TFTP and HTTP events, and neighbours
 /// in the index share their pages when they share a transaction. Events
-/// show up this much later; the queue is drained all the while.
+/// show up this much later; the queue (`events.queue`, 65536 by default)
+/// holds what arrives meanwhile.
 const LINGER: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, PartialEq)]
@@ -183,13 +184,18 @@ pub async fn writer(
                 if n == 0 {
                     break;
                 }
-                let until = tokio::time::Instant::now() + LINGER;
-                while buf.len() < BATCH {
-                    let room = BATCH - buf.len();
-                    match tokio::time::timeout_at(until, rx.recv_many(&mut buf, room)).await {
-                        // Closed: write what there is, the next recv ends the loop.
-                        Ok(0) | Err(_) => break,
-                        Ok(_) => {}
+                // Sleep rather than wait on the queue: a waiting receiver
+                // would be woken (another thread unparked) by every event.
+                // A batch that is already large (events piled up during
+                // the last transaction) goes at once: no rate limit here.
+                if buf.len() < BATCH / 4 {
+                    tokio::time::sleep(LINGER).await;
+                    while buf.len() < BATCH {
+                        match rx.try_recv() {
+                            Ok(e) => buf.push(e),
+                            // Empty, or closed: the next recv ends the loop.
+                            Err(_) => break,
+                        }
                     }
                 }
                 let n = buf.len();

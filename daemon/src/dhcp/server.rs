@@ -27,6 +27,13 @@ pub fn bind(addr: SocketAddr, interface: Option<&str>) -> std::io::Result<UdpSoc
     let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     sock.set_reuse_address(true)?;
     sock.set_broadcast(true)?;
+    // Room for a burst (a rack powered on at once) while the task is off
+    // the CPU: the kernel default (~200 KiB) holds about 150 requests.
+    // Beyond net.core.rmem_max only with CAP_NET_ADMIN (FORCE); without
+    // it the kernel caps the plain request at rmem_max.
+    if socket::setsockopt(&sock, sockopt::RcvBufForce, &RECV_BUFFER).is_err() {
+        let _ = sock.set_recv_buffer_size(RECV_BUFFER);
+    }
     socket::setsockopt(&sock, sockopt::Ipv4PacketInfo, &true)?;
     if let Some(ifname) = interface {
         // Replies (broadcasts included) leave through this interface only.
@@ -36,6 +43,9 @@ pub fn bind(addr: SocketAddr, interface: Option<&str>) -> std::io::Result<UdpSoc
     sock.bind(&addr.into())?;
     UdpSocket::from_std(sock.into())
 }
+
+/// Receive buffer asked for on the DHCP sockets.
+const RECV_BUFFER: usize = 4 << 20;
 
 pub struct Shell {
     pub inventory: Arc<Inventory>,
@@ -293,5 +303,24 @@ fn type_name(t: MessageType) -> &'static str {
         MessageType::Inform => "inform",
         MessageType::Offer | MessageType::Ack | MessageType::Nak => "reply",
         _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sockets_get_a_burst_sized_receive_buffer() {
+        let sock = bind("127.0.0.1:0".parse().unwrap(), None).unwrap();
+        let got = socket2::SockRef::from(&sock).recv_buffer_size().unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+        // The kernel reports twice what was set (its bookkeeping share).
+        if root {
+            assert!(got >= RECV_BUFFER, "{got}");
+        } else {
+            assert!(got > 0);
+        }
     }
 }
