@@ -372,16 +372,18 @@ async fn connection(
             false,
             StatusCode::OK,
         );
-        if let Err(e) = respond(&mut stream, &ready, plain.head_only).await {
-            tracing::debug!(%peer, path = %plain.uri_path, error = %e, "http: artifact not completed");
-            return;
-        }
+        // Before the first byte, like the counters: whoever got the answer
+        // finds it logged.
         tracing::debug!(
             %peer,
             path = %plain.uri_path,
             bytes = if plain.head_only { 0 } else { ready.len },
-            "http: artifact sent with sendfile"
+            "http: artifact answered with sendfile"
         );
+        if let Err(e) = respond(&mut stream, &ready, plain.head_only).await {
+            tracing::debug!(%peer, path = %plain.uri_path, error = %e, "http: artifact not completed");
+            return;
+        }
         if !plain.keep_alive || *stop.borrow() {
             let _ = stream.shutdown().await;
             return;
