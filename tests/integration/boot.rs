@@ -675,9 +675,24 @@ fn artifacts_sendfile_path_counts_and_records() {
     // The two downloads, and the two /metrics reads since p0's (each is
     // counted once answered).
     assert_eq!(d.metric(public_200), p0 + 4.0);
-    let v = wait_event(d, "loop", "http.artifact");
-    let sent: Vec<_> = v.iter().filter(|e| e["kind"] == "http.artifact").collect();
-    for path in ["/artifacts/vmlinuz-x86_64", "/artifacts/sub/my%20file.txt"] {
+    // Events are written in batches: wait for both.
+    let paths = ["/artifacts/vmlinuz-x86_64", "/artifacts/sub/my%20file.txt"];
+    let mut sent = Vec::new();
+    for _ in 0..100 {
+        let v = wait_event(d, "loop", "http.artifact");
+        sent = v
+            .into_iter()
+            .filter(|e| e["kind"] == "http.artifact")
+            .collect();
+        if paths
+            .iter()
+            .all(|p| sent.iter().any(|e| e["fields"]["path"] == *p))
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for path in paths {
         let e = sent
             .iter()
             .find(|e| e["fields"]["path"] == path)
