@@ -125,16 +125,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let http_app = http::router(app.clone());
+    // Plain artifact downloads are sent with sendfile; everything else
+    // (or the rest of a connection) goes to axum.
+    let (http_listener, fast_conns) =
+        http::sendfile::listen(http_sock, app.clone(), stop_rx.clone());
     let mut http_stop = stop_rx.clone();
     let http_task = tokio::spawn(async move {
-        axum::serve(
-            http_sock,
+        let served = axum::serve(
+            http_listener,
             http_app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
         )
         .with_graceful_shutdown(async move {
             let _ = http_stop.wait_for(|s| *s).await;
         })
-        .await
+        .await;
+        fast_conns.wait().await;
+        served
     });
 
     let api_app = api::router(app.clone(), token);

@@ -38,6 +38,10 @@ fn noise(len: usize, seed: u32) -> Vec<u8> {
         .collect()
 }
 
+const NOTES: &str = "kernel notes\n";
+/// Stands for a precompressed sibling (ServeDir sends it as is).
+const NOTES_GZ: &[u8] = b"not really gzip";
+
 struct Boot {
     d: Daemon,
     tftp_port: u16,
@@ -57,10 +61,14 @@ fn start() -> Boot {
     std::fs::create_dir_all(artifacts.join("sub")).unwrap();
     let artifact = noise(3 << 20, 11);
     std::fs::write(artifacts.join("vmlinuz-x86_64"), &artifact).unwrap();
+    std::fs::write(artifacts.join("sub/notes.txt"), NOTES).unwrap();
+    std::fs::write(artifacts.join("sub/notes.txt.gz"), NOTES_GZ).unwrap();
+    std::fs::write(artifacts.join("sub/my file.txt"), NOTES).unwrap();
     let tftp_port = free_udp_port();
     let syslog_port = free_udp_port();
+    // The sendfile path logs each answer at debug: tests see which path served.
     let boot = format!(
-        "[dhcp]\nmode = \"off\"\n[tftp]\nlisten = \"127.0.0.1:{tftp_port}\"\nipxe_dir = {:?}\n[syslog]\nlisten = \"127.0.0.1:{syslog_port}\"\n",
+        "[dhcp]\nmode = \"off\"\n[tftp]\nlisten = \"127.0.0.1:{tftp_port}\"\nipxe_dir = {:?}\n[syslog]\nlisten = \"127.0.0.1:{syslog_port}\"\n[log]\nlevel = \"info,tinkerbox::http::sendfile=debug\"\n",
         files.to_str().unwrap()
     );
     let http = format!(
@@ -323,6 +331,12 @@ fn binaries_and_artifacts_over_http() {
         "/artifacts/sub/",
         "/artifacts/../tinkerbox.toml",
         "/artifacts/%2e%2e/tinkerbox.toml",
+        // ipxe.efi is there, one level up.
+        "/artifacts/../ipxe.efi",
+        "/artifacts/%2e%2e/ipxe.efi",
+        "/artifacts/%2E%2E%2Fipxe.efi",
+        "/artifacts/sub/%2e%2e/%2e%2e/ipxe.efi",
+        "/artifacts/sub/..%2f..%2fipxe.efi",
         "/artifacts/nope",
     ] {
         let o = d.curl(&[
@@ -343,6 +357,350 @@ fn binaries_and_artifacts_over_http() {
             .any(|e| e["kind"] == "http.artifact" && e["fields"]["status"] == 206)
     );
     assert!(d.metric("tinkerbox_boot_http_requests_total{what=\"artifact\",code=\"206\"}") >= 1.0);
+}
+
+/// One response as curl saw it: status, headers (names lower case), body.
+struct Got {
+    code: u16,
+    headers: std::collections::BTreeMap<String, String>,
+    body: Vec<u8>,
+}
+
+/// curl with `args` (a URL among them), headers and body kept apart.
+fn fetch(d: &Daemon, args: &[&str]) -> Got {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, b) = (dir.path().join("h"), dir.path().join("b"));
+    let o = d.curl(
+        &[
+            &["-s", "-D", h.to_str().unwrap(), "-o", b.to_str().unwrap()],
+            args,
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "curl {args:?}: {o:?}");
+    let head = std::fs::read_to_string(&h).unwrap();
+    let mut lines = head.lines();
+    let code = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Got {
+        code,
+        headers,
+        body: std::fs::read(&b).unwrap_or_default(),
+    }
+}
+
+/// The daemon's "answered with sendfile" log lines (debug, see `start`).
+fn sendfile_lines(d: &Daemon) -> Vec<String> {
+    d.log()
+        .lines()
+        .filter(|l| l.contains("artifact answered with sendfile"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Plain downloads take the sendfile path and answer as ServeDir does
+/// (same bytes, same headers); conditional, precompressed and Range
+/// requests still go to ServeDir.
+#[test]
+fn artifacts_sendfile_path_answers_as_servedir_does() {
+    let b = start();
+    let d = &b.d;
+    let url = d.url("/artifacts/vmlinuz-x86_64");
+    // Sent before the file's time: ServeDir answers a full 200.
+    let ims = "If-Modified-Since: Thu, 01 Jan 1970 00:00:01 GMT";
+    let fast = fetch(d, &[&url]);
+    let slow = fetch(d, &["-H", ims, &url]);
+    assert_eq!((fast.code, slow.code), (200, 200));
+    assert!(fast.body == b.artifact, "sendfile body differs");
+    assert!(slow.body == b.artifact, "ServeDir body differs");
+    assert_eq!(
+        fast.headers.keys().collect::<Vec<_>>(),
+        slow.headers.keys().collect::<Vec<_>>()
+    );
+    for h in [
+        "content-type",
+        "content-length",
+        "last-modified",
+        "accept-ranges",
+    ] {
+        assert_eq!(fast.headers.get(h), slow.headers.get(h), "{h}");
+    }
+    assert_eq!(fast.headers["content-length"], (3 << 20).to_string());
+    assert_eq!(fast.headers["content-type"], "application/octet-stream");
+    // HEAD: the same headers, no body.
+    let head = fetch(d, &["-I", &url]);
+    assert_eq!(head.code, 200);
+    // (-I writes the head where the body would go: nothing after it.)
+    assert!(head.body.ends_with(b"\r\n\r\n"), "{:?}", head.body);
+    for h in [
+        "content-type",
+        "content-length",
+        "last-modified",
+        "accept-ranges",
+    ] {
+        assert_eq!(head.headers.get(h), fast.headers.get(h), "HEAD {h}");
+    }
+    // A Range is ServeDir's, and right.
+    let part = fetch(d, &["-r", "3000000-", &url]);
+    assert_eq!(part.code, 206);
+    assert!(part.body == b.artifact[3000000..]);
+    assert_eq!(
+        part.headers.get("last-modified"),
+        fast.headers.get("last-modified")
+    );
+    // A text file's type, and a percent-encoded name.
+    let notes = d.url("/artifacts/sub/notes.txt");
+    let fast = fetch(d, &[&notes]);
+    let slow = fetch(d, &["-H", ims, &notes]);
+    assert_eq!(fast.body, NOTES.as_bytes());
+    assert_eq!(fast.headers["content-type"], "text/plain");
+    for h in [
+        "content-type",
+        "content-length",
+        "last-modified",
+        "accept-ranges",
+    ] {
+        assert_eq!(fast.headers.get(h), slow.headers.get(h), "notes {h}");
+    }
+    let spaced = fetch(d, &[&d.url("/artifacts/sub/my%20file.txt")]);
+    assert_eq!((spaced.code, &spaced.body[..]), (200, NOTES.as_bytes()));
+    // The precompressed sibling goes to a client that takes gzip (ServeDir).
+    let gz = fetch(d, &["-H", "Accept-Encoding: gzip", &notes]);
+    assert_eq!(gz.body, NOTES_GZ);
+    assert_eq!(gz.headers["content-encoding"], "gzip");
+    let identity = fetch(
+        d,
+        &[
+            "-H",
+            "Accept-Encoding: identity",
+            &d.url("/artifacts/vmlinuz-x86_64"),
+        ],
+    );
+    assert!(identity.body == b.artifact);
+    // HTTP/1.0: answered, then closed.
+    let old = fetch(d, &["-0", &url]);
+    assert!(old.body == b.artifact);
+    assert_eq!(old.headers["connection"], "close");
+    // Which path answered: the GET, the HEAD, notes, my file, vmlinuz with
+    // Accept-Encoding (no .gz), HTTP/1.0. Not the If-Modified-Since ones,
+    // the Range, the gzip one.
+    let lines = sendfile_lines(d);
+    assert_eq!(lines.len(), 6, "{lines:#?}");
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains("path=/artifacts/vmlinuz-x86_64 bytes=3145728"))
+            .count(),
+        3,
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("path=/artifacts/vmlinuz-x86_64 bytes=0"))
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("path=/artifacts/sub/my%20file.txt"))
+    );
+}
+
+/// Splits raw HTTP/1.1 responses (each with a Content-Length) in order.
+fn split_responses(mut raw: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    while !raw.is_empty() {
+        let end = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .unwrap_or_else(|| panic!("no response head in {:?}", String::from_utf8_lossy(raw)))
+            + 4;
+        let head = String::from_utf8_lossy(&raw[..end]).to_string();
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        out.push((head, raw[end..end + len].to_vec()));
+        raw = &raw[end + len..];
+    }
+    out
+}
+
+/// Writes `parts` (pausing after each as told) on one connection, then
+/// reads until the daemon closes it.
+fn raw_exchange(d: &Daemon, parts: &[(&[u8], u64)]) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(d.http).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    for (bytes, pause_ms) in parts {
+        s.write_all(bytes).unwrap();
+        std::thread::sleep(Duration::from_millis(*pause_ms));
+    }
+    // What came before a reset too: the callers check the bytes.
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    out
+}
+
+/// The sendfile path keeps a connection alive, then hands it (with the
+/// bytes it has not read) to hyper at the first request it does not
+/// serve: nothing lost, everything answered in order.
+#[test]
+fn artifacts_keep_alive_then_hyper_on_one_connection() {
+    let b = start();
+    let d = &b.d;
+    let dir = tempfile::tempdir().unwrap();
+    let out = |i: usize| dir.path().join(i.to_string());
+    let art = d.url("/artifacts/vmlinuz-x86_64");
+    let o = d.curl(&[
+        "-sf",
+        "-o",
+        out(1).to_str().unwrap(),
+        &art,
+        "-o",
+        out(2).to_str().unwrap(),
+        &d.url("/healthz"),
+        "-o",
+        out(3).to_str().unwrap(),
+        &d.url(&format!("/ipxe/script/{MAC}/auto.ipxe")),
+        "-o",
+        out(4).to_str().unwrap(),
+        &art,
+        "-w",
+        "%{num_connects} ",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    // One connection for the four.
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "1 0 0 0 ");
+    assert!(std::fs::read(out(1)).unwrap() == b.artifact);
+    assert_eq!(std::fs::read_to_string(out(2)).unwrap(), "ok\n");
+    assert!(
+        std::fs::read_to_string(out(3))
+            .unwrap()
+            .starts_with("#!ipxe\n")
+    );
+    assert!(std::fs::read(out(4)).unwrap() == b.artifact);
+    // Only the first went by sendfile: hyper keeps the rest.
+    assert_eq!(sendfile_lines(d).len(), 1, "{:#?}", sendfile_lines(d));
+
+    // Pipelined: three requests in one write.
+    let raw = raw_exchange(
+        d,
+        &[(
+            b"GET /artifacts/vmlinuz-x86_64 HTTP/1.1\r\nHost: t\r\n\r\n\
+              GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n\
+              GET /artifacts/sub/notes.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+            0,
+        )],
+    );
+    let r = split_responses(&raw);
+    assert_eq!(r.len(), 3);
+    assert!(r[0].0.starts_with("HTTP/1.1 200 OK\r\n") && r[0].1 == b.artifact);
+    assert!(r[1].0.starts_with("HTTP/1.1 200 OK\r\n") && r[1].1 == b"ok\n");
+    assert!(r[2].0.starts_with("HTTP/1.1 200 OK\r\n") && r[2].1 == NOTES.as_bytes());
+    assert_eq!(sendfile_lines(d).len(), 2);
+
+    // Two artifacts by sendfile on one connection, the head of the first
+    // arriving in two parts.
+    let raw = raw_exchange(
+        d,
+        &[
+            (b"GET /artifacts/sub/no", 200),
+            (
+                b"tes.txt HTTP/1.1\r\nHost: t\r\n\r\n\
+                  GET /artifacts/vmlinuz-x86_64 HTTP/1.1\r\nConnection: close\r\n\r\n",
+                0,
+            ),
+        ],
+    );
+    let r = split_responses(&raw);
+    assert_eq!(r.len(), 2);
+    assert_eq!(r[0].1, NOTES.as_bytes());
+    assert!(r[1].0.contains("\r\nconnection: close\r\n") && r[1].1 == b.artifact);
+    assert_eq!(sendfile_lines(d).len(), 4);
+
+    // A head over 8 KiB is hyper's (which takes it).
+    let mut big = b"GET /artifacts/sub/notes.txt HTTP/1.1\r\nConnection: close\r\nX-Pad: ".to_vec();
+    big.resize(big.len() + 9000, b'p');
+    big.extend_from_slice(b"\r\n\r\n");
+    let r = split_responses(&raw_exchange(d, &[(&big, 0)]));
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].1, NOTES.as_bytes());
+    assert_eq!(sendfile_lines(d).len(), 4);
+
+    // Garbage goes to hyper, which refuses it; the daemon carries on.
+    let raw = raw_exchange(
+        d,
+        &[(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 0)],
+    );
+    assert!(
+        raw.is_empty() || raw.starts_with(b"HTTP/1.1 400"),
+        "{raw:?}"
+    );
+    let o = d.curl(&["-sf", &d.url("/healthz")]);
+    assert_eq!(o.stdout, b"ok\n");
+}
+
+/// The sendfile path leaves what ServeDir's did: the counters and, for a
+/// known machine, an `http.artifact` event with the same fields.
+#[test]
+fn artifacts_sendfile_path_counts_and_records() {
+    let b = start();
+    let d = &b.d;
+    let artifact_200 = "tinkerbox_boot_http_requests_total{what=\"artifact\",code=\"200\"}";
+    let public_200 = "tinkerbox_http_requests_total{listener=\"public\",code=\"200\"}";
+    let (a0, p0) = (d.metric(artifact_200), d.metric(public_200));
+    let o = d.curl(&[
+        "-sf",
+        "-o",
+        "/dev/null",
+        &d.url("/artifacts/vmlinuz-x86_64"),
+    ]);
+    assert!(o.status.success());
+    let o = d.curl(&["-sfI", &d.url("/artifacts/sub/my%20file.txt")]);
+    assert!(o.status.success());
+    assert_eq!(sendfile_lines(d).len(), 2);
+    assert_eq!(d.metric(artifact_200), a0 + 2.0);
+    // The two downloads, and the two /metrics reads since p0's (each is
+    // counted once answered).
+    assert_eq!(d.metric(public_200), p0 + 4.0);
+    // Events are written in batches: wait for both.
+    let paths = ["/artifacts/vmlinuz-x86_64", "/artifacts/sub/my%20file.txt"];
+    let mut sent = Vec::new();
+    for _ in 0..100 {
+        let v = wait_event(d, "loop", "http.artifact");
+        sent = v
+            .into_iter()
+            .filter(|e| e["kind"] == "http.artifact")
+            .collect();
+        if paths
+            .iter()
+            .all(|p| sent.iter().any(|e| e["fields"]["path"] == *p))
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for path in paths {
+        let e = sent
+            .iter()
+            .find(|e| e["fields"]["path"] == path)
+            .unwrap_or_else(|| panic!("no event for {path}: {sent:#?}"));
+        assert_eq!(e["fields"]["status"], 200);
+        assert_eq!(e["fields"]["range"], false);
+        assert_eq!(e["message"], format!("{path} sent (200)"));
+    }
 }
 
 #[test]

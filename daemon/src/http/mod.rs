@@ -20,6 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_http::services::ServeDir;
 
+pub mod sendfile;
+
 /// Read size for artifacts (kernels, initrds: large files).
 const ARTIFACT_CHUNK: usize = 512 * 1024;
 
@@ -218,12 +220,27 @@ async fn record_artifacts(State(app): State<Arc<App>>, req: Request, next: Next)
         .map(|c| c.0);
     let range = req.headers().contains_key(header::RANGE);
     let resp = next.run(req).await;
-    let code = resp.status().as_u16();
+    record_artifact(&app, peer, &path, range, resp.status());
+    resp
+}
+
+/// What every artifact answer leaves behind, whichever path served it
+/// (ServeDir through [`record_artifacts`], or [`sendfile`]): the boot
+/// counter and, for a known machine (by source IP), an `http.artifact`
+/// event. `path` is the request's path as sent (percent-encoded).
+fn record_artifact(
+    app: &App,
+    peer: Option<SocketAddr>,
+    path: &str,
+    range: bool,
+    status: StatusCode,
+) {
+    let code = status.as_u16();
     app.metrics.boot("artifact", code);
     if let Some(peer) = peer
         && let Some(m) = app.inventory.snapshot().by_ip(&peer.ip().to_canonical())
     {
-        let what = if resp.status().is_success() {
+        let what = if status.is_success() {
             "sent"
         } else {
             "not sent"
@@ -235,5 +252,4 @@ async fn record_artifacts(State(app): State<Arc<App>>, req: Request, next: Next)
                 .fields(json!({"path": path, "status": code, "range": range})),
         );
     }
-    resp
 }
