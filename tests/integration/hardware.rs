@@ -3,6 +3,7 @@
 
 use crate::common::*;
 use serde_json::{Value, json};
+use std::time::Duration;
 
 fn by_name(items: &[Value], name: &str) -> Value {
     items
@@ -287,8 +288,15 @@ fn realistic_manifests_round_trip_yaml_and_json() {
     let o = d.cli(&["hardware", "get", "tiny"]);
     assert!(!o.status.success());
 
-    // The event log saw all of it.
-    let ev = d.cli_ok(&["events", "tiny"]);
+    // The event log saw all of it (written within 0.1 s, in order).
+    let mut ev = String::new();
+    for _ in 0..100 {
+        ev = d.cli_ok(&["events", "tiny"]);
+        if ev.contains("hardware.deleted") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let kinds: Vec<&str> = ev
         .lines()
         .skip(1)
