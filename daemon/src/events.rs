@@ -6,7 +6,6 @@
 use crate::hardware::{Key, Mac};
 use crate::metrics::Metrics;
 use crate::store::{Store, now_ms};
-use serde_json::Value;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,15 +66,10 @@ impl Event {
         self
     }
 
-    pub fn fields(mut self, fields: Value) -> Self {
-        self.fields = Some(fields.to_string());
-        self
-    }
-
-    /// Fields from a typed value (a struct or a map serialising as a JSON
-    /// object), without building a `Value` first.
-    pub fn fields_of<T: serde::Serialize>(mut self, fields: &T) -> Self {
-        self.fields = serde_json::to_string(fields).ok();
+    /// Fields: anything that serialises as a JSON object (a `json!` map or
+    /// a typed struct, which skips building a `Value` first).
+    pub fn fields<T: serde::Serialize>(mut self, fields: T) -> Self {
+        self.fields = serde_json::to_string(&fields).ok();
         self
     }
 }

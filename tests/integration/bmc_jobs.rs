@@ -20,16 +20,7 @@ struct Sushy {
 
 impl Sushy {
     fn start() -> Sushy {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let o = Command::new(root.join("tests/bmc/sushy-venv"))
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "sushy-venv: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let bin = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        let bin = sushy_bin();
         let port = free_port();
         let state = tempfile::tempdir().unwrap();
         let child = Command::new(&bin)

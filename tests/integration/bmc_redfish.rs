@@ -7,14 +7,13 @@
 //! sushy's fake driver applies a power change 1–11 s after the request, so
 //! the power tests poll the state, each wait bounded.
 
-use crate::common::{free_port, self_signed_leaf};
+use crate::common::{free_port, self_signed_leaf, sushy_bin};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 use serde_json::{Value, json};
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,23 +31,6 @@ const POWER_WAIT: Duration = Duration::from_secs(25);
 
 fn init() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The sushy-emulator binary, its venv made on first use.
-fn sushy_bin() -> PathBuf {
-    let o = Command::new(repo_root().join("tests/bmc/sushy-venv"))
-        .output()
-        .expect("run tests/bmc/sushy-venv");
-    assert!(
-        o.status.success(),
-        "tests/bmc/sushy-venv failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
 }
 
 #[derive(Default, Clone, Copy)]

@@ -369,3 +369,18 @@ pub fn self_signed_leaf(cert: &Path, key: &Path, cn: &str) {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// The sushy-emulator (PyPI sushy-tools) binary, its venv made on first use
+/// by `tests/bmc/sushy-venv`.
+pub fn sushy_bin() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let o = Command::new(root.join("tests/bmc/sushy-venv"))
+        .output()
+        .expect("run tests/bmc/sushy-venv");
+    assert!(
+        o.status.success(),
+        "tests/bmc/sushy-venv failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+}

@@ -154,7 +154,7 @@ impl Shell {
                 self.metrics.dhcp_reply(r.kind, self.settings.mode.as_str());
                 let mut e = Event::new(r.kind, reply_message(r.kind, to, r.fields.boot_file()))
                     .mac(r.mac)
-                    .fields_of(&r.fields);
+                    .fields(&r.fields);
                 if !r.msg.yiaddr().is_unspecified() {
                     e = e.ip(std::net::IpAddr::V4(r.msg.yiaddr()));
                 }

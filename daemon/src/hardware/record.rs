@@ -318,10 +318,15 @@ impl Record {
     /// made stricter since), that machine answers as if its spec were
     /// empty and the log says why, rather than the whole start-up failing.
     pub fn spec(&self) -> HardwareSpec {
+        self.parse_spec()
+    }
+
+    /// The packed spec parsed as `T` (all of it, or the part `T` names).
+    fn parse_spec<T: serde::de::DeserializeOwned + Default>(&self) -> T {
         let json = unpack(&self.data[self.spec_at()..]);
         serde_json::from_slice(&json).unwrap_or_else(|e| {
             tracing::error!(hardware = %self.key, error = %e, "inventory: packed spec does not parse");
-            HardwareSpec::default()
+            T::default()
         })
     }
 
@@ -349,30 +354,22 @@ impl Record {
     /// left at its default): all that DHCP reads, at a fraction of the
     /// cost of [`Record::machine`]. Parse failures as in [`Record::spec`].
     pub fn dhcp_machine(&self) -> Machine {
-        let json = unpack(&self.data[self.spec_at()..]);
-        let interfaces = match serde_json::from_slice::<super::spec::InterfacesOnly>(&json) {
-            Ok(i) => i.interfaces,
-            Err(e) => {
-                tracing::error!(hardware = %self.key, error = %e, "inventory: packed spec does not parse");
-                Vec::new()
-            }
-        };
-        Machine {
-            key: self.key.clone(),
-            spec: HardwareSpec {
-                interfaces,
-                ..HardwareSpec::default()
-            },
-            macs: self.macs().collect(),
-            ips: self.ips().collect(),
-        }
+        let only: super::spec::InterfacesOnly = self.parse_spec();
+        self.machine_with(HardwareSpec {
+            interfaces: only.interfaces,
+            ..HardwareSpec::default()
+        })
     }
 
     /// The full typed view, for the paths that read more than keys.
     pub fn machine(&self) -> Machine {
+        self.machine_with(self.spec())
+    }
+
+    fn machine_with(&self, spec: HardwareSpec) -> Machine {
         Machine {
             key: self.key.clone(),
-            spec: self.spec(),
+            spec,
             macs: self.macs().collect(),
             ips: self.ips().collect(),
         }

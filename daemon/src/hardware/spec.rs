@@ -74,7 +74,7 @@ pub struct HardwareSpec {
 
 /// Only `spec.interfaces`: what DHCP reads, parsed without building the
 /// rest of the spec (metadata, user data), which serde skips over.
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 pub struct InterfacesOnly {
     #[serde(default, deserialize_with = "nullable")]
     pub interfaces: Vec<Interface>,
