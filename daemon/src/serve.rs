@@ -79,6 +79,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("http.listen {}: cannot bind", config.http.listen))?;
     let mut udp_tasks = Vec::new();
+    let dhcp_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut dhcp_threads = Vec::new();
     if config.dhcp.mode != dhcp::Mode::Off {
         let shell = Arc::new(dhcp::server::Shell {
             inventory: app.inventory.clone(),
@@ -89,12 +91,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let iface = config.dhcp.interface.as_deref();
         let sock = dhcp::server::bind(config.dhcp.listen, iface)
             .with_context(|| format!("dhcp.listen {}: cannot bind", config.dhcp.listen))?;
-        udp_tasks.push(tokio::spawn(shell.clone().run(sock, dhcp::Port::Dhcp)));
+        dhcp_threads.push(
+            shell
+                .clone()
+                .spawn(sock, dhcp::Port::Dhcp, dhcp_stop.clone())?,
+        );
         if config.dhcp.mode.is_proxy() {
             let addr = std::net::SocketAddr::new(config.dhcp.listen.ip(), dhcp::PROXY_PORT);
             let sock = dhcp::server::bind(addr, iface)
                 .with_context(|| format!("dhcp proxy port {addr}: cannot bind"))?;
-            udp_tasks.push(tokio::spawn(shell.run(sock, dhcp::Port::Proxy)));
+            dhcp_threads.push(shell.spawn(sock, dhcp::Port::Proxy, dhcp_stop.clone())?);
         }
     }
     if config.tftp.enabled {
@@ -199,6 +205,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     for t in &udp_tasks {
         t.abort();
     }
+    // The DHCP threads see the flag within their receive timeout; they hold
+    // event senders, so the writer below waits for them to go.
+    dhcp_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let dhcp_joined = tokio::task::spawn_blocking(move || {
+        for t in dhcp_threads {
+            if t.join().is_err() {
+                tracing::error!("a DHCP thread panicked");
+            }
+        }
+    });
     bmc_task.abort();
     if let Some(p) = poll_task {
         p.abort();
@@ -207,6 +223,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     api_handle.graceful_shutdown(Some(Duration::from_secs(5)));
     let _ = tokio::time::timeout_at(deadline, http_task).await;
     let _ = tokio::time::timeout_at(deadline, api_task).await;
+    let _ = tokio::time::timeout_at(deadline, dhcp_joined).await;
     // The last sender goes with the app: the writer then drains and exits.
     drop(app);
     if tokio::time::timeout_at(deadline, writer).await.is_err() {

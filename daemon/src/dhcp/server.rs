@@ -1,6 +1,14 @@
 //! The DHCP socket loops: UDP 67, and 4011 in the proxy modes. Each packet
 //! is decoded, answered by [`super::respond`] from the current inventory
 //! snapshot, encoded and sent; events and metrics are recorded on the way.
+//!
+//! Each socket has its own OS thread doing blocking `recvmsg`/`sendmsg`
+//! rather than a task on the tokio runtime: a request then costs two system
+//! calls and one wake-up of the thread that answers it. On tokio every
+//! packet also went through epoll and woke a second worker to look for
+//! work, which was about a third of the server's CPU per DORA under load,
+//! and the answer could wait behind whatever task shared its worker
+//! (measured: BENCHMARKS.md).
 
 use super::{Dest, Outcome, Port, Settings, respond_with};
 use crate::events::{Event, EventSink};
@@ -12,22 +20,23 @@ use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, Sock
 use socket2::{Domain, Protocol, Socket, Type};
 use std::cell::RefCell;
 use std::io::{self, IoSlice, IoSliceMut};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::Instant;
-use tokio::io::Interest;
-use tokio::net::UdpSocket;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// A UDP socket that may send broadcasts, share the port with another DHCP
 /// server's socket on the same host (proxy mode beside dnsmasq), and learns
 /// each request's interface (IP_PKTINFO) so that broadcast replies leave
-/// through it, not through the default route's interface.
+/// through it, not through the default route's interface. Blocking, with a
+/// receive timeout so that its thread sees a stop request.
 pub fn bind(addr: SocketAddr, interface: Option<&str>) -> std::io::Result<UdpSocket> {
     let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     sock.set_reuse_address(true)?;
     sock.set_broadcast(true)?;
-    // Room for a burst (a rack powered on at once) while the task is off
+    // Room for a burst (a rack powered on at once) while the thread is off
     // the CPU: the kernel default (~200 KiB) holds about 150 requests.
     // Beyond net.core.rmem_max only with CAP_NET_ADMIN (FORCE); without
     // it the kernel caps the plain request at rmem_max.
@@ -39,13 +48,21 @@ pub fn bind(addr: SocketAddr, interface: Option<&str>) -> std::io::Result<UdpSoc
         // Replies (broadcasts included) leave through this interface only.
         sock.bind_device(Some(ifname.as_bytes()))?;
     }
-    sock.set_nonblocking(true)?;
+    sock.set_read_timeout(Some(STOP_POLL))?;
+    // A full send buffer is not worth blocking the answers behind it.
+    sock.set_write_timeout(Some(SEND_TIMEOUT))?;
     sock.bind(&addr.into())?;
-    UdpSocket::from_std(sock.into())
+    Ok(sock.into())
 }
 
 /// Receive buffer asked for on the DHCP sockets.
 const RECV_BUFFER: usize = 4 << 20;
+
+/// How often an idle socket thread looks at its stop flag.
+const STOP_POLL: Duration = Duration::from_millis(200);
+
+/// Longest a reply may wait for room in the socket's send buffer.
+const SEND_TIMEOUT: Duration = Duration::from_millis(100);
 
 pub struct Shell {
     pub inventory: Arc<Inventory>,
@@ -55,23 +72,46 @@ pub struct Shell {
 }
 
 impl Shell {
-    /// Serve one socket until the task is dropped. Errors on a packet are
-    /// logged and counted; the loop never stops for bad input.
-    pub async fn run(self: Arc<Self>, sock: UdpSocket, port: Port) {
+    /// Serve `sock` on a thread of its own until `stop` is set (seen within
+    /// [`STOP_POLL`]). Errors on a packet are logged and counted; the loop
+    /// never stops for bad input.
+    pub fn spawn(
+        self: Arc<Self>,
+        sock: UdpSocket,
+        port: Port,
+        stop: Arc<AtomicBool>,
+    ) -> io::Result<JoinHandle<()>> {
+        let name = match port {
+            Port::Dhcp => "dhcp",
+            Port::Proxy => "dhcp-proxy",
+        };
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || self.run(&sock, port, &stop))
+    }
+
+    fn run(&self, sock: &UdpSocket, port: Port, stop: &AtomicBool) {
         let mut buf = vec![0u8; 4096];
-        loop {
-            let d = match recv(&sock, &mut buf).await {
+        while !stop.load(Ordering::Relaxed) {
+            let d = match recv(sock, &mut buf) {
                 Ok(d) => d,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "dhcp: receive failed");
                     continue;
                 }
             };
             let t0 = Instant::now();
-            if self
-                .handle(&sock, &buf[..d.len], d.src, d.ifindex, port)
-                .await
-            {
+            if self.handle(sock, &buf[..d.len], d.src, d.ifindex, port) {
                 self.metrics
                     .dhcp_seconds
                     .observe(t0.elapsed().as_secs_f64());
@@ -80,7 +120,7 @@ impl Shell {
     }
 
     /// True when a reply was sent.
-    async fn handle(
+    fn handle(
         &self,
         sock: &UdpSocket,
         data: &[u8],
@@ -146,7 +186,7 @@ impl Shell {
                         return false;
                     }
                 };
-                if let Err(e) = send(sock, &bytes, to, via).await {
+                if let Err(e) = send(sock, &bytes, to, via) {
                     self.metrics.dhcp_ignored("send_failed");
                     tracing::warn!(error = %e, %to, "dhcp: send failed");
                     return false;
@@ -212,47 +252,35 @@ struct Datagram {
     ifindex: Option<i32>,
 }
 
-// tokio's UdpSocket has no recvmsg/sendmsg with control messages; nix's
-// safe wrappers do, driven by tokio's readiness (try_io).
-async fn recv(sock: &UdpSocket, buf: &mut [u8]) -> io::Result<Datagram> {
-    let fd = sock.as_raw_fd();
-    loop {
-        sock.readable().await?;
-        let r = sock.try_io(Interest::READABLE, || {
-            let mut iov = [IoSliceMut::new(&mut *buf)];
-            let mut cmsg = nix::cmsg_space!(nix::libc::in_pktinfo);
-            let msg =
-                socket::recvmsg::<SockaddrIn>(fd, &mut iov, Some(&mut cmsg), MsgFlags::empty())?;
-            let mut ifindex = None;
-            for c in msg.cmsgs()? {
-                if let ControlMessageOwned::Ipv4PacketInfo(info) = c {
-                    ifindex = Some(info.ipi_ifindex);
-                }
-            }
-            let src = msg
-                .address
-                .map(|a| SocketAddr::V4(SocketAddrV4::new(a.ip(), a.port())))
-                .ok_or_else(|| io::Error::other("datagram without a source address"))?;
-            Ok(Datagram {
-                len: msg.bytes,
-                src,
-                ifindex,
-            })
-        });
-        match r {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            other => return other,
+// std's UdpSocket has no recvmsg/sendmsg with control messages; nix's safe
+// wrappers do.
+fn recv(sock: &UdpSocket, buf: &mut [u8]) -> io::Result<Datagram> {
+    let mut iov = [IoSliceMut::new(buf)];
+    let mut cmsg = nix::cmsg_space!(nix::libc::in_pktinfo);
+    let msg = socket::recvmsg::<SockaddrIn>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::empty(),
+    )?;
+    let mut ifindex = None;
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::Ipv4PacketInfo(info) = c {
+            ifindex = Some(info.ipi_ifindex);
         }
     }
+    let src = msg
+        .address
+        .map(|a| SocketAddr::V4(SocketAddrV4::new(a.ip(), a.port())))
+        .ok_or_else(|| io::Error::other("datagram without a source address"))?;
+    Ok(Datagram {
+        len: msg.bytes,
+        src,
+        ifindex,
+    })
 }
 
-async fn send(
-    sock: &UdpSocket,
-    bytes: &[u8],
-    to: SocketAddrV4,
-    ifindex: Option<i32>,
-) -> io::Result<()> {
-    let fd = sock.as_raw_fd();
+fn send(sock: &UdpSocket, bytes: &[u8], to: SocketAddrV4, ifindex: Option<i32>) -> io::Result<()> {
     let dest = SockaddrIn::from(to);
     let info = ifindex.map(|i| nix::libc::in_pktinfo {
         ipi_ifindex: i,
@@ -261,20 +289,15 @@ async fn send(
     });
     let cmsgs: Vec<ControlMessage> = info.iter().map(ControlMessage::Ipv4PacketInfo).collect();
     loop {
-        sock.writable().await?;
-        let r = sock.try_io(Interest::WRITABLE, || {
-            socket::sendmsg(
-                fd,
-                &[IoSlice::new(bytes)],
-                &cmsgs,
-                MsgFlags::empty(),
-                Some(&dest),
-            )?;
-            Ok(())
-        });
-        match r {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            other => return other,
+        match socket::sendmsg(
+            sock.as_raw_fd(),
+            &[IoSlice::new(bytes)],
+            &cmsgs,
+            MsgFlags::empty(),
+            Some(&dest),
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => return r.map(drop).map_err(io::Error::from),
         }
     }
 }
@@ -310,8 +333,8 @@ fn type_name(t: MessageType) -> &'static str {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn sockets_get_a_burst_sized_receive_buffer() {
+    #[test]
+    fn sockets_get_a_burst_sized_receive_buffer() {
         let sock = bind("127.0.0.1:0".parse().unwrap(), None).unwrap();
         let got = socket2::SockRef::from(&sock).recv_buffer_size().unwrap();
         use std::os::unix::fs::MetadataExt;
