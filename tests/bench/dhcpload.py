@@ -4,6 +4,7 @@
     dhcpload.py step   --ns NS --server IP --local A,B --macs F1,F2 --rate R --secs S [--pxe] [--pid P]
     dhcpload.py wait   --ns NS --server IP --local A --macs F [--pid P] [--timeout S]
     dhcpload.py search --ns NS --server IP --local A,B --macs F1,F2 --start R --max R --secs S [--pxe] [--pid P]
+    (step and search also take --direct IFACE: broadcast clients on IFACE, see below)
 
 One perfdhcp per (local address, MAC list) pair runs inside namespace NS,
 each at R/len(local) DORA/s; the figures are summed. perfdhcp (v4) always acts
@@ -15,6 +16,10 @@ ms, OFFER and ACK delays together, from perfdhcp -x t), CPU seconds of the
 server PID (when given) and of the generators, and `limit`: "generator" when
 perfdhcp could not send at the asked rate (then the server was not the
 bottleneck), else "server" when loss >= 1%.
+
+With --direct IFACE the generators are dhcpdirect.py instead: clients on
+the server's own segment (giaddr 0, broadcast flag, replies broadcast to port
+68), the path perfdhcp cannot drive. --local then only sets how many run.
 
 `search` steps the rate (doubling from --start, then two bisections after the
 first failing step) and prints every step (JSON lines) and a last line with
@@ -30,6 +35,7 @@ import sys
 import time
 
 # PXE client of x86-64 UEFI: option 93 = 7, option 60 = PXEClient:Arch:00007:UNDI:003016.
+DIRECT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dhcpdirect.py")
 PXE_OPTS = ["-o", "93,0007", "-o", "60," + b"PXEClient:Arch:00007:UNDI:003016".hex()]
 
 
@@ -86,11 +92,17 @@ def step(a, rate):
     t0 = time.monotonic()
     c0 = cpu_seconds(a.pid)
     for local, macs in zip(a.local, a.macs):
-        cmd = ["ip", "netns", "exec", a.ns, "perfdhcp", "-4", "-l", local, "-M", macs,
-               "-r", str(per), "-p", str(a.secs), "-W", "200000", "-x", "t"]
-        if a.pxe:
-            cmd += PXE_OPTS
-        cmd.append(a.server)
+        if a.direct:
+            cmd = ["ip", "netns", "exec", a.ns, sys.executable, DIRECT, "--iface", a.direct,
+                   "--macs", macs, "--rate", str(per), "--secs", str(a.secs)]
+            if a.pxe:
+                cmd.append("--pxe")
+        else:
+            cmd = ["ip", "netns", "exec", a.ns, "perfdhcp", "-4", "-l", local, "-M", macs,
+                   "-r", str(per), "-p", str(a.secs), "-W", "200000", "-x", "t"]
+            if a.pxe:
+                cmd += PXE_OPTS
+            cmd.append(a.server)
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs, gen_cpu = [], 0.0
     for p in procs:
@@ -155,6 +167,7 @@ def main():
     ap.add_argument("--max", type=int, default=64000)
     ap.add_argument("--secs", type=float, default=2)
     ap.add_argument("--pxe", action="store_true")
+    ap.add_argument("--direct", metavar="IFACE")
     ap.add_argument("--pid", type=int)
     ap.add_argument("--timeout", type=float, default=120)
     a = ap.parse_args()

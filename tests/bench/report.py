@@ -121,12 +121,18 @@ def main():
         if first and tbv is not None:
             add(f"DHCP DORA/s <1% loss, {n} res.{bound(tb)}", tbv, "-", None, None)
     if big is not None:
-        tb = best(find(rows, "dhcp", "tinkerbox", f"{big}-pxe"))
-        for anchor in ("dnsmasq-tuned", "kea-tuned"):
-            a = best(find(rows, "dhcp", anchor, f"{big}-pxe"))
-            if find(rows, "dhcp", anchor, f"{big}-pxe"):
-                add(f"DHCP DORA/s PXE (93/60), {big} res.", tb.get("dora_per_s"), anchor,
-                    a.get("dora_per_s") or 0.0, ratio(tb.get("dora_per_s"), a.get("dora_per_s")))
+        for cfg, label in ((f"{big}-pxe", "PXE (93/60)"), (f"{big}-direct", "direct (broadcast)")):
+            tb = best(find(rows, "dhcp", "tinkerbox", cfg))
+            seen = False
+            for anchor in ("dnsmasq-tuned", "kea-tuned"):
+                a = best(find(rows, "dhcp", anchor, cfg))
+                if find(rows, "dhcp", anchor, cfg):
+                    seen = True
+                    add(f"DHCP DORA/s {label}, {big} res.{bound(tb)}", tb.get("dora_per_s"),
+                        anchor + bound(a), a.get("dora_per_s") or 0.0,
+                        ratio(tb.get("dora_per_s"), a.get("dora_per_s")))
+            if not seen and tb.get("dora_per_s") is not None:
+                add(f"DHCP DORA/s {label}, {big} res.{bound(tb)}", tb.get("dora_per_s"), "-", None, None)
         # Server CPU per exchange at the best rate: on a machine where the
         # generators need a core of their own, rates stop where the cores
         # run out, so this is the server's cost with the generator taken out.
@@ -134,7 +140,7 @@ def main():
             if not b.get("dora_per_s") or b.get("server_cpu_s") is None or not b.get("secs"):
                 return None
             return b["server_cpu_s"] / (b["dora_per_s"] * b["secs"]) * 1e6
-        for cfg, label in ((str(big), ""), (f"{big}-pxe", " PXE")):
+        for cfg, label in ((str(big), ""), (f"{big}-pxe", " PXE"), (f"{big}-direct", " direct")):
             tbu = us_per_dora(best(find(rows, "dhcp", "tinkerbox", cfg)))
             for anchor in ("dnsmasq-tuned", "kea-tuned"):
                 if find(rows, "dhcp", anchor, cfg):
