@@ -138,22 +138,11 @@ fn check_prerequisites() {
     }
 }
 
-/// The namespace lab (`tb-TAG-PID`, see [`netns::Lab`]) with the DHCP
-/// tests' own helpers.
-struct Lab(netns::Lab);
-
-impl std::ops::Deref for Lab {
-    type Target = netns::Lab;
-    fn deref(&self) -> &netns::Lab {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Lab {
-    fn deref_mut(&mut self) -> &mut netns::Lab {
-        &mut self.0
-    }
-}
+netns::lab_newtype!(
+    /// The namespace lab (`tb-TAG-PID`, see [`netns::Lab`]) with the DHCP
+    /// tests' own helpers.
+    Lab
+);
 
 impl Lab {
     fn new(tag: &str) -> Lab {

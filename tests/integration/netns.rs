@@ -133,6 +133,29 @@ pub fn lab_sh(args: &[&str]) -> Ran {
     run_ok(cmd, Duration::from_secs(60))
 }
 
+/// `struct $name(netns::Lab)` that derefs to the lab: a test file's own
+/// lab type, for its own helpers beside [`Lab`]'s.
+macro_rules! lab_newtype {
+    ($(#[$m:meta])* $name:ident) => {
+        $(#[$m])*
+        struct $name($crate::netns::Lab);
+
+        impl std::ops::Deref for $name {
+            type Target = $crate::netns::Lab;
+            fn deref(&self) -> &$crate::netns::Lab {
+                &self.0
+            }
+        }
+
+        impl std::ops::DerefMut for $name {
+            fn deref_mut(&mut self) -> &mut $crate::netns::Lab {
+                &mut self.0
+            }
+        }
+    };
+}
+pub(crate) use lab_newtype;
+
 /// The lab bridge's address (as in tests/lab/boot).
 pub const BRIDGE_CIDR: &str = "10.99.0.1/24";
 

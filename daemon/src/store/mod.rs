@@ -85,20 +85,22 @@ pub struct Store {
     events: SqlitePool,
 }
 
-/// How much nicer than the rest the event log's SQLite thread runs. Its batches (a
-/// transaction every 100 ms under load) otherwise compete on equal terms
-/// with the DHCP thread, and on a small host a reply then waits for the
-/// end of a time slice: at 2000 DORA/s on 2 cores the reply p99 was
-/// 1.1-2.8 ms with it at 0 and 0.45-1.1 ms at 10. An unprivileged process
-/// may lower its own threads, not raise them.
+/// How many steps nicer than the rest the event log's SQLite thread runs.
+/// Its batches (a transaction every 100 ms under load) otherwise compete
+/// on equal terms with the DHCP thread, and on a small host a reply then
+/// waits for the end of a time slice: at 2000 DORA/s on 2 cores the reply
+/// p99 was 1.3 ms (median of 6 steps) with it at the same nice value and
+/// 0.9 ms (of 10) with it 10 lower (BENCHMARKS.md). An unprivileged
+/// process may lower its own threads, not raise them.
 const BACKGROUND_NICE: i32 = 10;
 
 /// A pool of one connection whose SQLite thread runs [`BACKGROUND_NICE`]
-/// steps below the thread that opens the store. sqlx gives no hook into the thread it starts for a
-/// connection, but a thread inherits its creator's nice value, so the
-/// connection is opened from a short-lived thread that lowered itself
-/// first. The pool never drops an idle connection, so the thread lasts;
-/// should sqlx ever reopen it after an error, it runs at normal priority.
+/// steps below the thread that opens the store. sqlx gives no hook into
+/// the thread it starts for a connection, but a thread inherits its
+/// creator's nice value, so the connection is opened from a short-lived
+/// thread that lowered itself first. The pool never drops an idle
+/// connection, so the thread lasts; should sqlx ever reopen it after an
+/// error, it runs at normal priority.
 async fn background_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, StoreError> {
     let rt = tokio::runtime::Handle::current();
     let (tx, rx) = tokio::sync::oneshot::channel();
