@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """DHCP load with Kea's perfdhcp, for tests/bench/run.
 
-    dhcpload.py step   --ns NS --server IP --local A,B --macs F1,F2 --rate R --secs S [--pxe] [--pid P]
+    dhcpload.py step   --ns NS --server IP --local A,B --macs F1,F2 --rate R --secs S [--pxe] [--pid P [--idle]]
     dhcpload.py wait   --ns NS --server IP --local A --macs F [--pid P] [--timeout S]
     dhcpload.py search --ns NS --server IP --local A,B --macs F1,F2 --start R --max R --secs S [--pxe] [--pid P]
-    (step and search also take --direct IFACE: broadcast clients on IFACE, see below)
+    (step and search also take --direct IFACE: broadcast clients on IFACE, or
+     --light: the relay path from dhcpdirect.py instead of perfdhcp; see below)
 
 One perfdhcp per (local address, MAC list) pair runs inside namespace NS,
 each at R/len(local) DORA/s; the figures are summed. perfdhcp (v4) always acts
@@ -20,6 +21,9 @@ bottleneck), else "server" when loss >= 1%.
 With --direct IFACE the generators are dhcpdirect.py instead: clients on
 the server's own segment (giaddr 0, broadcast flag, replies broadcast to port
 68), the path perfdhcp cannot drive. --local then only sets how many run.
+With --light they are dhcpdirect.py --relay, one per --local address: the
+relay path again, at about half perfdhcp's CPU, so that on a small machine
+the server rather than the generator sets the rate.
 
 `search` steps the rate (doubling from --start, then two bisections after the
 first failing step) and prints every step (JSON lines) and a last line with
@@ -85,15 +89,32 @@ def pct(sorted_vals, p):
     return sorted_vals[k]
 
 
+def settle(pid, timeout=60.0):
+    """Until the server has been idle (under 5% of a core) for half a second,
+    so that one measurement does not pay for the backlog of the last (the
+    event log catching up after a saturating step). Bounded by timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        c0 = cpu_seconds(pid)
+        time.sleep(0.5)
+        c1 = cpu_seconds(pid)
+        if c0 is None or c1 is None or c1 - c0 < 0.025:
+            return
+    sys.stderr.write(f"server {pid} still busy after {timeout}s\n")
+
+
 def step(a, rate):
+    if a.idle and a.pid:
+        settle(a.pid)
     n = len(a.local)
     per = max(1, int(round(rate / n)))
     procs = []
     t0 = time.monotonic()
     c0 = cpu_seconds(a.pid)
     for local, macs in zip(a.local, a.macs):
-        if a.direct:
-            cmd = ["ip", "netns", "exec", a.ns, sys.executable, DIRECT, "--iface", a.direct,
+        if a.direct or a.light:
+            where = ["--iface", a.direct] if a.direct else ["--relay", local, "--server", a.server]
+            cmd = ["ip", "netns", "exec", a.ns, sys.executable, DIRECT, *where,
                    "--macs", macs, "--rate", str(per), "--secs", str(a.secs)]
             if a.pxe:
                 cmd.append("--pxe")
@@ -167,8 +188,11 @@ def main():
     ap.add_argument("--max", type=int, default=64000)
     ap.add_argument("--secs", type=float, default=2)
     ap.add_argument("--pxe", action="store_true")
-    ap.add_argument("--direct", metavar="IFACE")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--direct", metavar="IFACE")
+    where.add_argument("--light", action="store_true")
     ap.add_argument("--pid", type=int)
+    ap.add_argument("--idle", action="store_true", help="wait for the server (--pid) to be idle first")
     ap.add_argument("--timeout", type=float, default=120)
     a = ap.parse_args()
     if len(a.local) != len(a.macs):
