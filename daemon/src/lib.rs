@@ -21,3 +21,4 @@ pub mod store;
 pub mod syslog;
 pub mod tftp;
 pub mod token;
+pub mod udp;

@@ -16,10 +16,10 @@ use crate::hardware::{Mac, Machine, Record};
 use crate::inventory::Inventory;
 use crate::metrics::Metrics;
 use dhcproto::v4::{DhcpOption, MessageType, OptionCode};
-use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, SockaddrIn, sockopt};
+use nix::sys::socket::{self, ControlMessage, MsgFlags, SockaddrIn, sockopt};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::cell::RefCell;
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -93,7 +93,7 @@ impl Shell {
     fn run(&self, sock: &UdpSocket, port: Port, stop: &AtomicBool) {
         let mut buf = vec![0u8; 4096];
         while !stop.load(Ordering::Relaxed) {
-            let d = match recv(sock, &mut buf) {
+            let d = match crate::udp::recv_pktinfo(sock.as_raw_fd(), &mut buf) {
                 Ok(d) => d,
                 Err(e)
                     if matches!(
@@ -125,7 +125,7 @@ impl Shell {
         sock: &UdpSocket,
         data: &[u8],
         src: SocketAddr,
-        ifindex: Option<i32>,
+        ifindex: Option<u32>,
         port: Port,
     ) -> bool {
         let Some(req) = super::decode(data) else {
@@ -245,48 +245,16 @@ fn machine_of(r: &Arc<Record>) -> Arc<Machine> {
     })
 }
 
-/// A received datagram and the interface it came in on.
-struct Datagram {
-    len: usize,
-    src: SocketAddr,
-    ifindex: Option<i32>,
-}
-
-// std's UdpSocket has no recvmsg/sendmsg with control messages; nix's safe
-// wrappers do.
-fn recv(sock: &UdpSocket, buf: &mut [u8]) -> io::Result<Datagram> {
-    let mut iov = [IoSliceMut::new(buf)];
-    let mut cmsg = nix::cmsg_space!(nix::libc::in_pktinfo);
-    let msg = socket::recvmsg::<SockaddrIn>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::empty(),
-    )?;
-    let mut ifindex = None;
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::Ipv4PacketInfo(info) = c {
-            ifindex = Some(info.ipi_ifindex);
-        }
-    }
-    let src = msg
-        .address
-        .map(|a| SocketAddr::V4(SocketAddrV4::new(a.ip(), a.port())))
-        .ok_or_else(|| io::Error::other("datagram without a source address"))?;
-    Ok(Datagram {
-        len: msg.bytes,
-        src,
-        ifindex,
-    })
-}
-
-fn send(sock: &UdpSocket, bytes: &[u8], to: SocketAddrV4, ifindex: Option<i32>) -> io::Result<()> {
+// std's UdpSocket has no sendmsg with control messages; nix's safe wrapper has.
+fn send(sock: &UdpSocket, bytes: &[u8], to: SocketAddrV4, ifindex: Option<u32>) -> io::Result<()> {
     let dest = SockaddrIn::from(to);
-    let info = ifindex.map(|i| nix::libc::in_pktinfo {
-        ipi_ifindex: i,
-        ipi_spec_dst: nix::libc::in_addr { s_addr: 0 },
-        ipi_addr: nix::libc::in_addr { s_addr: 0 },
-    });
+    let info = ifindex
+        .and_then(|i| i32::try_from(i).ok())
+        .map(|i| nix::libc::in_pktinfo {
+            ipi_ifindex: i,
+            ipi_spec_dst: nix::libc::in_addr { s_addr: 0 },
+            ipi_addr: nix::libc::in_addr { s_addr: 0 },
+        });
     let cmsgs: Vec<ControlMessage> = info.iter().map(ControlMessage::Ipv4PacketInfo).collect();
     loop {
         match socket::sendmsg(

@@ -8,12 +8,10 @@ use super::{MemHandler, Refusal, resolve};
 use crate::events::Event;
 use crate::hardware::Mac;
 use bytes::Bytes;
-use nix::sys::socket::{
-    self, ControlMessage, ControlMessageOwned, MsgFlags, SockaddrStorage, sockopt,
-};
+use nix::sys::socket::{self, ControlMessage, MsgFlags, sockopt};
 use serde_json::json;
 use std::collections::HashSet;
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
@@ -148,40 +146,11 @@ async fn recv_with_dst(
     let fd = sock.as_raw_fd();
     loop {
         sock.readable().await?;
-        let r = sock.try_io(Interest::READABLE, || {
-            let mut iov = [IoSliceMut::new(&mut *buf)];
-            let mut cmsg = nix::cmsg_space!(nix::libc::in6_pktinfo);
-            let msg = socket::recvmsg::<SockaddrStorage>(
-                fd,
-                &mut iov,
-                Some(&mut cmsg),
-                MsgFlags::empty(),
-            )?;
-            let mut dst = None;
-            for c in msg.cmsgs()? {
-                match c {
-                    ControlMessageOwned::Ipv4PacketInfo(i) => {
-                        dst = Some(IpAddr::from(i.ipi_spec_dst.s_addr.to_ne_bytes()));
-                    }
-                    ControlMessageOwned::Ipv6PacketInfo(i) => {
-                        dst = Some(IpAddr::from(i.ipi6_addr.s6_addr));
-                    }
-                    _ => {}
-                }
-            }
-            let src = msg
-                .address
-                .and_then(|a| {
-                    a.as_sockaddr_in()
-                        .map(|a| SocketAddr::from((a.ip(), a.port())))
-                        .or_else(|| {
-                            a.as_sockaddr_in6()
-                                .map(|a| SocketAddr::from((a.ip(), a.port())))
-                        })
-                })
-                .ok_or_else(|| io::Error::other("datagram without a source address"))?;
-            Ok((msg.bytes, src, dst))
-        });
+        let r = sock
+            .try_io(Interest::READABLE, || {
+                crate::udp::recv_pktinfo(fd, &mut *buf)
+            })
+            .map(|d| (d.len, d.src, d.dst));
         match r {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             other => return other,
