@@ -90,15 +90,15 @@ def pct(sorted_vals, p):
 
 
 def settle(pid, timeout=60.0):
-    """Until the server has been idle (under 5% of a core) for half a second,
+    """Until the server has been idle (under 5% of a core) for 0.2 s,
     so that one measurement does not pay for the backlog of the last (the
     event log catching up after a saturating step). Bounded by timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         c0 = cpu_seconds(pid)
-        time.sleep(0.5)
+        time.sleep(0.2)
         c1 = cpu_seconds(pid)
-        if c0 is None or c1 is None or c1 - c0 < 0.025:
+        if c0 is None or c1 is None or c1 - c0 < 0.01:
             return
     sys.stderr.write(f"server {pid} still busy after {timeout}s\n")
 
