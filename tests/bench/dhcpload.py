@@ -26,8 +26,10 @@ relay path again, at about half perfdhcp's CPU, so that on a small machine
 the server rather than the generator sets the rate.
 
 `search` steps the rate (doubling from --start, then two bisections after the
-first failing step) and prints every step (JSON lines) and a last line with
-"best": the highest rate with loss < 1%.
+first failing step; a failing first step is tried twice, then the rate
+halves) and prints every step (JSON lines) and a last line with "best": the
+highest rate with loss < 1%. With --idle each step first waits for the
+server (--pid) to be idle.
 """
 import argparse
 import json
