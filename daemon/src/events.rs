@@ -96,15 +96,15 @@ pub fn channel(queue: usize, metrics: Arc<Metrics>) -> (EventSink, mpsc::Receive
 }
 
 /// Events a machine may gain beyond `per_machine` before it is trimmed:
-/// trimming is a DELETE per machine, so it is done once per this many of
-/// its events rather than once per batch. At most `per_machine + SLACK - 1`
-/// events of a machine are kept, and exactly `per_machine` once the writer
-/// has stopped (it trims everything pending on the way out).
+/// trimming is a DELETE per machine (an index probe per bucket of 8192
+/// events, see the store), so it is done once per this many of its events
+/// rather than once per batch. At most `per_machine + SLACK - 1` events of
+/// a machine are kept, and exactly `per_machine` after the next start.
 pub const SLACK: u32 = 64;
 
 /// Machines (distinct keys) counted between trims at most; when more have
-/// pending events, all of them are trimmed and the count starts over. Bounds
-/// the writer's memory (a key and a counter each).
+/// pending events, the counts are dropped and the whole table is trimmed in
+/// one pass instead. Bounds the writer's memory (a key and a counter each).
 const MAX_PENDING: usize = 1 << 17;
 
 /// Which machines need trimming: events written per machine since it was
@@ -112,6 +112,8 @@ const MAX_PENDING: usize = 1 << 17;
 #[derive(Default)]
 pub struct Trimmer {
     pending: std::collections::HashMap<Option<Key>, u32>,
+    /// Too many machines were pending: trim them all (one pass).
+    overflowed: bool,
 }
 
 impl Trimmer {
@@ -132,9 +134,15 @@ impl Trimmer {
             self.pending.remove(k);
         }
         if self.pending.len() > MAX_PENDING {
-            due.extend(self.drain());
+            self.pending.clear();
+            self.overflowed = true;
         }
         due
+    }
+
+    /// Whether every machine needs trimming (too many were pending), once.
+    pub fn take_overflow(&mut self) -> bool {
+        std::mem::take(&mut self.overflowed)
     }
 
     /// A transaction that was to trim `due` failed: trim them with their
@@ -144,17 +152,12 @@ impl Trimmer {
             *self.pending.entry(k).or_insert(0) = SLACK - 1;
         }
     }
-
-    /// Every machine with pending events, forgetting them.
-    pub fn drain(&mut self) -> Vec<Option<Key>> {
-        self.pending.drain().map(|(k, _)| k).collect()
-    }
 }
 
 /// Drain the queue into the store until every sender is gone, batching what
 /// has accumulated while the previous transaction ran. Machines are trimmed
-/// to `per_machine` events at start-up, then lazily (see [`SLACK`]), and
-/// all of them when the writer stops. Old events are expired once an hour.
+/// to `per_machine` events at start-up, then lazily (see [`SLACK`]). Old
+/// events are expired once an hour.
 pub async fn writer(
     mut rx: mpsc::Receiver<Event>,
     store: Store,
@@ -163,11 +166,7 @@ pub async fn writer(
     max_age: Duration,
 ) {
     // Whatever an earlier run left untrimmed (up to SLACK - 1 a machine).
-    match store.trim_all_events(per_machine).await {
-        Ok(n) if n > 0 => tracing::info!(deleted = n, "trimmed events"),
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "trimming events failed"),
-    }
+    trim_all(&store, per_machine).await;
     let mut buf = Vec::with_capacity(BATCH);
     let mut trimmer = Trimmer::default();
     let mut expire = tokio::time::interval(Duration::from_secs(3600));
@@ -204,6 +203,9 @@ pub async fn writer(
                         trimmer.retry(due);
                     }
                 }
+                if trimmer.take_overflow() {
+                    trim_all(&store, per_machine).await;
+                }
                 buf.clear();
             }
             _ = expire.tick() => {
@@ -215,9 +217,15 @@ pub async fn writer(
             }
         }
     }
-    let due = trimmer.drain();
-    if let Err(e) = store.insert_events(&[], &due, per_machine).await {
-        tracing::warn!(error = %e, "trimming events failed");
+    // Machines with pending counts are left for the next start's one pass:
+    // trimming 100k of them one by one here would hold up the shutdown.
+}
+
+async fn trim_all(store: &Store, per_machine: u32) {
+    match store.trim_all_events(per_machine).await {
+        Ok(n) if n > 0 => tracing::info!(deleted = n, "trimmed events"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "trimming events failed"),
     }
 }
 
@@ -257,6 +265,11 @@ mod tests {
             after: None,
             limit: 100,
         };
+        // Fewer than SLACK events: not trimmed until the next start.
+        assert_eq!(store.events(&q).await.unwrap().len(), 50);
+        let (_sink, rx) = channel(1, m.clone());
+        drop(_sink);
+        writer(rx, store.clone(), m.clone(), 10, Duration::from_secs(3600)).await;
         let rows = store.events(&q).await.unwrap();
         assert_eq!(rows.len(), 10, "trimmed to per_machine");
         assert_eq!(rows.first().unwrap().message, "e40");
@@ -292,10 +305,10 @@ mod tests {
         assert_eq!(due, vec![Some(k.clone())]);
         // Counting starts over for m1; m2 and the keyless ones stay pending.
         assert!(t.count(&[ev(Some(&k), 100)]).is_empty());
-        let mut rest = t.drain();
-        rest.sort();
-        assert_eq!(rest, vec![None, Some(k.clone()), Some(other)]);
-        assert!(t.drain().is_empty());
+        let mut pending: Vec<_> = t.pending.keys().cloned().collect();
+        pending.sort();
+        assert_eq!(pending, vec![None, Some(k.clone()), Some(other)]);
+        assert!(!t.take_overflow());
         // A failed trim is retried with the machine's next event.
         t.retry(vec![Some(k.clone())]);
         assert_eq!(t.count(&[ev(Some(&k), 101)]), vec![Some(k)]);
@@ -310,8 +323,10 @@ mod tests {
                 .count(&[ev(Some(&Key::new("ns", format!("m{i}"))), i)])
                 .len();
         }
-        assert_eq!(due, MAX_PENDING + 1, "all pending machines trimmed at once");
-        assert!(t.drain().is_empty());
+        assert_eq!(due, 0, "no machine reached SLACK");
+        assert!(t.pending.is_empty(), "counts dropped");
+        assert!(t.take_overflow(), "a full trim asked for");
+        assert!(!t.take_overflow(), "once");
     }
 
     async fn count(store: &Store, k: &Key) -> usize {

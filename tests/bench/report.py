@@ -137,6 +137,16 @@ def main():
                         None if not goal or x is None else x >= 2)
             if not seen and tb.get("dora_per_s") is not None:
                 add(f"DHCP DORA/s {label}, {big} res.{bound(tb)}", tb.get("dora_per_s"), "-", None, None)
+        # What perfdhcp alone could drive on these cores (a server costing
+        # nothing): when an anchor's rate is over half of it, 2x that anchor
+        # cannot be shown with perfdhcp here, only with the light generator.
+        cpus = (host or {}).get("cpus")
+        for anchor in ("tinkerbox", "kea-tuned"):
+            b = best(find(rows, "dhcp", anchor, str(big)))
+            if cpus and b.get("gen_cpu_s") and b.get("dora_per_s") and b.get("secs"):
+                gen_us = b["gen_cpu_s"] / (b["dora_per_s"] * b["secs"]) * 1e6
+                add(f"perfdhcp's ceiling on {cpus} cores (its CPU/DORA next to {anchor}), {big} res.",
+                    cpus / gen_us * 1e6, "-", None, None)
         # Server CPU per exchange at the best rate: on a machine where the
         # generators need a core of their own, rates stop where the cores
         # run out, so this is the server's cost with the generator taken out.

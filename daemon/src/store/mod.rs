@@ -19,6 +19,47 @@ pub mod bmc;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
+/// The buckets of 8192 ids the per-machine event index leads with
+/// (migration 4), newest first, down to the bucket of `max(min(id), ?3)`:
+/// a machine's events are one index probe per bucket. The `id >> 13` must
+/// stay as written: SQLite uses an expression index only for the same
+/// expression (`events_use_the_bucketed_index` checks the plans).
+macro_rules! event_buckets {
+    () => {
+        "WITH RECURSIVE b(k) AS (
+           SELECT max(id) >> 13 FROM events
+           UNION ALL
+           SELECT k - 1 FROM b
+           WHERE k > (SELECT max(coalesce(min(id), 0), ?3) >> 13 FROM events)) "
+    };
+}
+
+/// One machine's events (`IS`: the key may be NULL for the events that
+/// name none), bucket by bucket; `b` must stay the outer loop.
+macro_rules! machine_events {
+    ($cols:literal) => {
+        concat!(
+            event_buckets!(),
+            "SELECT ",
+            $cols,
+            " FROM b CROSS JOIN events e
+             ON (e.id >> 13) = b.k AND e.namespace IS ?1 AND e.name IS ?2 AND e.id > ?3
+             ORDER BY e.id DESC"
+        )
+    };
+}
+
+const TRIM_MACHINE: &str = concat!(
+    "DELETE FROM events WHERE id IN (",
+    machine_events!("e.id"),
+    " LIMIT -1 OFFSET ?4)"
+);
+
+const MACHINE_EVENTS: &str = concat!(
+    machine_events!("e.id, e.ts_ms, e.namespace, e.name, e.mac, e.ip, e.kind, e.message, e.fields"),
+    " LIMIT ?4"
+);
+
 /// Rows per multi-row event INSERT, largest first (8 binds a row).
 const EVENT_CHUNKS: [usize; 8] = [128, 64, 32, 16, 8, 4, 2, 1];
 
@@ -433,16 +474,13 @@ impl Store {
                 Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
                 None => (None, None),
             };
-            sqlx::query(
-                "DELETE FROM events WHERE namespace IS ?1 AND name IS ?2 AND id <=
-                   (SELECT id FROM events WHERE namespace IS ?1 AND name IS ?2
-                    ORDER BY id DESC LIMIT 1 OFFSET ?3)",
-            )
-            .bind(ns)
-            .bind(name)
-            .bind(per_machine as i64)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(TRIM_MACHINE)
+                .bind(ns)
+                .bind(name)
+                .bind(0i64)
+                .bind(per_machine as i64)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())
@@ -494,11 +532,9 @@ impl Store {
             None => (None, None),
         };
         // Two statements: with an `OR` on the machine, SQLite would not use
-        // the (namespace, name, id) index for one machine's events.
+        // the per-machine index for one machine's events.
         let sql = if q.machine.is_some() {
-            "SELECT id, ts_ms, namespace, name, mac, ip, kind, message, fields FROM events
-             WHERE namespace = ?1 AND name = ?2 AND id > ?3
-             ORDER BY id DESC LIMIT ?4"
+            MACHINE_EVENTS
         } else {
             "SELECT id, ts_ms, namespace, name, mac, ip, kind, message, fields FROM events
              WHERE ?1 IS NULL AND ?2 IS NULL AND id > ?3
@@ -792,6 +828,86 @@ mod tests {
             store.expire_events(Duration::from_secs(60)).await.unwrap(),
             0
         );
+    }
+
+    #[tokio::test]
+    async fn machine_events_span_buckets_and_trim_across_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let a = Key::new("default", "a");
+        // 20000 events: ids 1..=20000 fill buckets 0, 1 and 2 (8192 each);
+        // machine a has every 1000th, the rest name b or none.
+        let batch: Vec<Event> = (1..=20_000)
+            .map(|i| {
+                let e = Event::new("test.e", format!("e{i}"));
+                match i % 1000 {
+                    0 => e.machine(a.clone()),
+                    1 => e,
+                    _ => e.machine(Key::new("default", "b")),
+                }
+            })
+            .collect();
+        store.insert_events(&batch, &[], 1000).await.unwrap();
+        let read = |after: Option<i64>, limit: u32| {
+            let store = store.clone();
+            let a = a.clone();
+            async move {
+                let q = EventQuery {
+                    machine: Some(a),
+                    after,
+                    limit,
+                };
+                let rows = store.events(&q).await.unwrap();
+                rows.into_iter().map(|r| r.id).collect::<Vec<i64>>()
+            }
+        };
+        let all: Vec<i64> = (1..=20).map(|i| i * 1000).collect();
+        assert_eq!(read(None, 100).await, all, "every bucket, oldest first");
+        assert_eq!(read(None, 3).await, [18_000, 19_000, 20_000], "the newest");
+        assert_eq!(
+            read(Some(9_000), 100).await,
+            all[9..],
+            "after, across buckets"
+        );
+        assert!(read(Some(20_000), 100).await.is_empty());
+        // Trim a (and the events naming none) to 4: the oldest go, from
+        // every bucket; b keeps all of its.
+        store
+            .insert_events(&[], &[Some(a.clone()), None], 4)
+            .await
+            .unwrap();
+        assert_eq!(read(None, 100).await, [17_000, 18_000, 19_000, 20_000]);
+        let total: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(total, 20_000 - 16 - 16);
+    }
+
+    #[tokio::test]
+    async fn events_use_the_bucketed_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        for sql in [MACHINE_EVENTS, TRIM_MACHINE] {
+            let plan: Vec<String> =
+                sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+                    .bind("default")
+                    .bind("a")
+                    .bind(0i64)
+                    .bind(10i64)
+                    .fetch_all(store.pool())
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get::<String, _>(3))
+                    .collect();
+            let plan = plan.join("\n");
+            assert!(
+                plan.contains("INDEX events_machine (<expr>=? AND namespace=? AND name=?"),
+                "{sql}\n{plan}"
+            );
+            assert!(!plan.contains("SCAN e"), "{plan}");
+        }
     }
 
     #[tokio::test]
