@@ -5,7 +5,8 @@
     dhcpload.py wait   --ns NS --server IP --local A --macs F [--pid P] [--timeout S]
     dhcpload.py search --ns NS --server IP --local A,B --macs F1,F2 --start R --max R --secs S [--pxe] [--pid P]
     (step and search also take --direct IFACE: broadcast clients on IFACE, or
-     --light: the relay path from dhcpdirect.py instead of perfdhcp; see below)
+     --light: the relay path from dhcpgen instead of perfdhcp; both need
+     --gen PATH, the dhcpgen binary; see below)
 
 One perfdhcp per (local address, MAC list) pair runs inside namespace NS,
 each at R/len(local) DORA/s; the figures are summed. perfdhcp (v4) always acts
@@ -18,12 +19,12 @@ server PID (when given) and of the generators, and `limit`: "generator" when
 perfdhcp could not send at the asked rate (then the server was not the
 bottleneck), else "server" when loss >= 1%.
 
-With --direct IFACE the generators are dhcpdirect.py instead: clients on
-the server's own segment (giaddr 0, broadcast flag, replies broadcast to port
-68), the path perfdhcp cannot drive. --local then only sets how many run.
-With --light they are dhcpdirect.py --relay, one per --local address: the
-relay path again, at about half perfdhcp's CPU, so that on a small machine
-the server rather than the generator sets the rate.
+With --direct IFACE the generators are dhcpgen (tests/bench/dhcpgen)
+instead: clients on the server's own segment (giaddr 0, broadcast flag,
+replies broadcast to port 68), the path perfdhcp cannot drive. --local then
+only sets how many run. With --light they are dhcpgen --relay, one per
+--local address: the relay path again, at a fifth of perfdhcp's CPU, so
+that on a small machine the server rather than the generator sets the rate.
 
 `search` steps the rate (doubling from --start, then two bisections after the
 first failing step; a failing first step is tried twice, then the rate
@@ -41,7 +42,6 @@ import sys
 import time
 
 # PXE client of x86-64 UEFI: option 93 = 7, option 60 = PXEClient:Arch:00007:UNDI:003016.
-DIRECT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dhcpdirect.py")
 PXE_OPTS = ["-o", "93,0007", "-o", "60," + b"PXEClient:Arch:00007:UNDI:003016".hex()]
 
 
@@ -113,10 +113,10 @@ def step(a, rate):
     procs = []
     t0 = time.monotonic()
     c0 = cpu_seconds(a.pid)
-    for local, macs in zip(a.local, a.macs):
+    for k, (local, macs) in enumerate(zip(a.local, a.macs)):
         if a.direct or a.light:
             where = ["--iface", a.direct] if a.direct else ["--relay", local, "--server", a.server]
-            cmd = ["ip", "netns", "exec", a.ns, sys.executable, DIRECT, *where,
+            cmd = ["ip", "netns", "exec", a.ns, a.gen, *where, "--index", str(k),
                    "--macs", macs, "--rate", str(per), "--secs", str(a.secs)]
             if a.pxe:
                 cmd.append("--pxe")
@@ -126,6 +126,8 @@ def step(a, rate):
             if a.pxe:
                 cmd += PXE_OPTS
             cmd.append(a.server)
+        if a.pin:
+            cmd = ["taskset", "-c", a.pin[1], *cmd]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs, gen_cpu = [], 0.0
     for p in procs:
@@ -193,12 +195,17 @@ def main():
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--direct", metavar="IFACE")
     where.add_argument("--light", action="store_true")
+    ap.add_argument("--gen", help="the dhcpgen binary (for --direct and --light)")
+    ap.add_argument("--pin", action="store_true",
+                    help="the server (--pid, every thread) on the last CPU, the generators on the others")
     ap.add_argument("--pid", type=int)
     ap.add_argument("--idle", action="store_true", help="wait for the server (--pid) to be idle first")
     ap.add_argument("--timeout", type=float, default=120)
     a = ap.parse_args()
     if len(a.local) != len(a.macs):
         sys.exit("--local and --macs must have as many entries")
+    if (a.direct or a.light) and not a.gen:
+        sys.exit("--direct and --light need --gen (the dhcpgen binary)")
     if a.secs == int(a.secs):
         a.secs = int(a.secs)
     if a.mode == "wait":
@@ -216,9 +223,34 @@ def main():
                 sys.exit("server exited")
             time.sleep(0.2)
         sys.exit(f"no DHCP answer within {a.timeout}s")
-    if a.mode == "step":
-        print(json.dumps(step(a, a.rate)), flush=True)
-        return
+    a.pin = pin(a.pid) if a.pin else None
+    try:
+        if a.mode == "step":
+            print(json.dumps(step(a, a.rate)), flush=True)
+        else:
+            search(a)
+    finally:
+        if a.pin:
+            subprocess.run(["taskset", "-apc", a.pin[2], str(a.pid)], stdout=subprocess.DEVNULL)
+
+
+def pin(pid):
+    """Gives the server (every thread of --pid) the last CPU and returns
+    (server CPU, generators' CPUs, what the server had), so that server and
+    generators stop competing for the same cores: the generators' share
+    then stands for clients on other machines."""
+    if not pid:
+        sys.exit("--pin needs --pid")
+    cpus = sorted(os.sched_getaffinity(pid))
+    if len(cpus) < 2:
+        sys.exit("--pin needs two CPUs")
+    had = ",".join(map(str, cpus))
+    srv, gens = str(cpus[-1]), ",".join(map(str, cpus[:-1]))
+    subprocess.run(["taskset", "-apc", srv, str(pid)], check=True, stdout=subprocess.DEVNULL)
+    return srv, gens, had
+
+
+def search(a):
     best, fail, steps = None, None, []
 
     def run(rate):

@@ -101,8 +101,24 @@ def main():
     def best(r):
         return (r or {}).get("best") or {}
 
+    cpus = (host or {}).get("cpus")
+
+    def ceiling(b):
+        """The DORA/s a generator could drive on all the cores, from its CPU
+        per DORA at a server's best rate."""
+        if cpus and b.get("gen_cpu_s") and b.get("dora_per_s") and b.get("secs"):
+            return cpus * b["dora_per_s"] * b["secs"] / b["gen_cpu_s"]
+        return None
+
     def bound(b):
-        return " (generator-bound)" if b.get("limit") == "generator" else ""
+        if b.get("limit") == "generator":
+            return " (generator-bound)"
+        # Within a fifth of what the generator alone could drive: the
+        # generator's share of the cores, not the server, set the rate.
+        c = ceiling(b)
+        if c and b.get("dora_per_s", 0) >= 0.8 * c:
+            return f" (generator-bound: {b['dora_per_s'] / c:.0%} of its ceiling)"
+        return ""
 
     # DHCP: DORA/s at < 1% loss.
     for n in sizes:
@@ -115,14 +131,15 @@ def main():
                 continue
             x = ratio(tbv, a.get("dora_per_s")) if a else None
             goal = ">= 2x" if n == big else ""
-            add(f"DHCP DORA/s <1% loss, {n} res.{bound(tb) if first else ''}", tbv, anchor + bound(a),
+            add(f"DHCP DORA/s <1% loss, {n} res.{bound(tb)}", tbv, anchor + bound(a),
                 a.get("dora_per_s") or 0.0, x, goal, None if not goal or x is None else x >= 2)
             first = False
         if first and tbv is not None:
             add(f"DHCP DORA/s <1% loss, {n} res.{bound(tb)}", tbv, "-", None, None)
     if big is not None:
-        for cfg, label in ((f"{big}-light", "relay, light generator"), (f"{big}-pxe", "PXE (93/60)"),
-                           (f"{big}-direct", "direct (broadcast)")):
+        for cfg, label in ((f"{big}-light", "relay (dhcpgen)"),
+                           (f"{big}-pinned", "relay (dhcpgen), server on 1 core, generators on the rest"),
+                           (f"{big}-pxe", "PXE (93/60)"), (f"{big}-direct", "direct (broadcast, dhcpgen)")):
             tb = best(find(rows, "dhcp", "tinkerbox", cfg))
             seen = False
             for anchor in ("dnsmasq-tuned", "kea-tuned"):
@@ -131,22 +148,21 @@ def main():
                     seen = True
                     x = ratio(tb.get("dora_per_s"), a.get("dora_per_s"))
                     # The rate goal, where the generator leaves the server room.
-                    goal = ">= 2x" if cfg.endswith(("-light", "-direct")) else ""
+                    goal = ">= 2x" if cfg.endswith(("-light", "-pinned", "-direct")) else ""
                     add(f"DHCP DORA/s {label}, {big} res.{bound(tb)}", tb.get("dora_per_s"),
                         anchor + bound(a), a.get("dora_per_s") or 0.0, x, goal,
                         None if not goal or x is None else x >= 2)
             if not seen and tb.get("dora_per_s") is not None:
                 add(f"DHCP DORA/s {label}, {big} res.{bound(tb)}", tb.get("dora_per_s"), "-", None, None)
-        # What perfdhcp alone could drive on these cores (a server costing
-        # nothing): when an anchor's rate is over half of it, 2x that anchor
-        # cannot be shown with perfdhcp here, only with the light generator.
-        cpus = (host or {}).get("cpus")
-        for anchor in ("tinkerbox", "kea-tuned"):
-            b = best(find(rows, "dhcp", anchor, str(big)))
-            if cpus and b.get("gen_cpu_s") and b.get("dora_per_s") and b.get("secs"):
-                gen_us = b["gen_cpu_s"] / (b["dora_per_s"] * b["secs"]) * 1e6
-                add(f"perfdhcp's ceiling on {cpus} cores (its CPU/DORA next to {anchor}), {big} res.",
-                    cpus / gen_us * 1e6, "-", None, None)
+        # What each generator alone could drive on these cores (a server
+        # costing nothing): when an anchor's rate is over half of it, 2x that
+        # anchor cannot be shown with that generator here.
+        for cfg, gen in ((str(big), "perfdhcp"), (f"{big}-light", "dhcpgen")):
+            for anchor in ("tinkerbox", "kea-tuned"):
+                c = ceiling(best(find(rows, "dhcp", anchor, cfg)))
+                if c:
+                    add(f"{gen}'s ceiling on {cpus} cores (its CPU/DORA next to {anchor}), {big} res.",
+                        c, "-", None, None)
         # Server CPU per exchange at the best rate: on a machine where the
         # generators need a core of their own, rates stop where the cores
         # run out, so this is the server's cost with the generator taken out.
@@ -154,8 +170,8 @@ def main():
             if not b.get("dora_per_s") or b.get("server_cpu_s") is None or not b.get("secs"):
                 return None
             return b["server_cpu_s"] / (b["dora_per_s"] * b["secs"]) * 1e6
-        for cfg, label in ((str(big), ""), (f"{big}-light", " light"), (f"{big}-pxe", " PXE"),
-                           (f"{big}-direct", " direct")):
+        for cfg, label in ((str(big), ""), (f"{big}-light", " dhcpgen"), (f"{big}-pinned", " pinned"),
+                           (f"{big}-pxe", " PXE"), (f"{big}-direct", " direct")):
             tbu = us_per_dora(best(find(rows, "dhcp", "tinkerbox", cfg)))
             for anchor in ("dnsmasq-tuned", "kea-tuned"):
                 if find(rows, "dhcp", anchor, cfg):
