@@ -23,7 +23,7 @@ With --direct IFACE the generators are dhcpgen (tests/bench/dhcpgen)
 instead: clients on the server's own segment (giaddr 0, broadcast flag,
 replies broadcast to port 68), the path perfdhcp cannot drive. --local then
 only sets how many run. With --light they are dhcpgen --relay, one per
---local address: the relay path again, at a fifth of perfdhcp's CPU, so
+--local address: the relay path again, at a quarter of perfdhcp's CPU or less, so
 that on a small machine the server rather than the generator sets the rate.
 
 `search` steps the rate (doubling from --start, then two bisections after the

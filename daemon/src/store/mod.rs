@@ -135,13 +135,6 @@ pub struct Store {
 /// process may lower its own threads, not raise them.
 const BACKGROUND_NICE: i32 = 10;
 
-/// A pool of one connection whose SQLite thread runs [`BACKGROUND_NICE`]
-/// steps below the thread that opens the store. sqlx gives no hook into
-/// the thread it starts for a connection, but a thread inherits its
-/// creator's nice value, so the connection is opened from a short-lived
-/// thread that lowered itself first. The pool never drops an idle
-/// connection, so the thread lasts; should sqlx ever reopen it after an
-/// error, it runs at normal priority.
 /// WAL pages before a commit checkpoints them into the database (SQLite's
 /// default is 1000). Each event dirties a page of the per-machine index,
 /// and those pages are dirtied again and again: with a longer WAL a page is
@@ -156,6 +149,13 @@ const WAL_AUTOCHECKPOINT: u32 = 10_000;
 /// the kernel went away with it). It fills only under event load.
 const EVENTS_CACHE_KIB: u32 = 32 * 1024;
 
+/// A pool of one connection whose SQLite thread runs [`BACKGROUND_NICE`]
+/// steps below the thread that opens the store. sqlx gives no hook into
+/// the thread it starts for a connection, but a thread inherits its
+/// creator's nice value, so the connection is opened from a short-lived
+/// thread that lowered itself first. The pool never drops an idle
+/// connection, so the thread lasts; should sqlx ever reopen it after an
+/// error, it runs at normal priority.
 async fn background_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, StoreError> {
     let rt = tokio::runtime::Handle::current();
     let (tx, rx) = tokio::sync::oneshot::channel();
