@@ -198,9 +198,10 @@ def main():
             a = best(find(rows, "dhcp", anchor, str(big)))
             al = a.get("lat_ms") or {}
             if find(rows, "dhcp", anchor, str(big)):
+                # No goal here: at its last passing rate every server
+                # queues; the goal is judged by the "with p99 < 1 ms" rows.
                 add(f"DHCP reply p99 ms at best rate, {big}", tl.get("p99"), anchor, al.get("p99"),
-                    ratio(al.get("p99"), tl.get("p99")), "< 1 ms",
-                    None if tl.get("p99") is None else tl["p99"] < 1.0)
+                    ratio(al.get("p99"), tl.get("p99")))
     def lat3(r):
         l = (r or {}).get("lat_ms") or {}
         return f"{fmt(l.get('p50'))}/{fmt(l.get('p99'))}/{fmt(l.get('max'))}", l.get("p99")

@@ -8,11 +8,11 @@
 //!     dhcpgen --iface IF --macs FILE --rate R --secs S [--pxe] [--wait MS]
 //!
 //! Why not perfdhcp alone: on a 2-core machine the generator and the server
-//! share the cores, and perfdhcp needs 100-160 µs of CPU per DORA there,
+//! share the cores, and perfdhcp needs 90-154 µs of CPU per DORA there,
 //! more than the servers it measures (tinkerbox ~35 µs, Kea ~90), so the
 //! rate it finds is mostly its own. This one sends in batches (`sendmmsg`),
 //! receives in batches (`recvmmsg`) and keeps an exchange as two words in
-//! a vector: ~25 µs per DORA, kernel time included. It prints its report
+//! a vector: 23-43 µs per DORA, kernel time included. It prints its report
 //! in perfdhcp's format (the counters and the `-x t` timestamps that
 //! tests/bench/dhcpload.py reads), so every server is measured the same
 //! way on it.
