@@ -40,13 +40,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let metrics = Arc::new(Metrics::new());
     let (sink, rx) = events::channel(config.events.queue, metrics.clone());
-    let writer = tokio::spawn(events::writer(
+    let writer = events::spawn_writer(
         rx,
         store.clone(),
         metrics.clone(),
         config.events.per_machine,
         config.events.max_age,
-    ));
+    )
+    .context("starting the event writer")?;
     let public_ip = config.resolve_public_ip()?;
     let files = tftp::Files::load(&config.tftp.ipxe_dir)
         .with_context(|| format!("tftp.ipxe_dir {}", config.tftp.ipxe_dir.display()))?;

@@ -133,7 +133,7 @@ pub struct Store {
 /// p99 was 1.3 ms (median of 6 steps) with it at the same nice value and
 /// 0.9 ms (of 10) with it 10 lower (BENCHMARKS.md). An unprivileged
 /// process may lower its own threads, not raise them.
-const BACKGROUND_NICE: i32 = 10;
+pub(crate) const BACKGROUND_NICE: i32 = 10;
 
 /// WAL pages before a commit checkpoints them into the database (SQLite's
 /// default is 1000). Each event dirties a page of the per-machine index,
@@ -162,12 +162,7 @@ async fn background_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, Store
     std::thread::Builder::new()
         .name("store-open".into())
         .spawn(move || {
-            let me = rustix::thread::gettid();
-            let base = rustix::process::getpriority_process(Some(me)).unwrap_or(0);
-            let nice = (base + BACKGROUND_NICE).min(19);
-            if let Err(e) = rustix::process::setpriority_process(Some(me), nice) {
-                tracing::debug!(error = %e, "cannot lower the event log's priority");
-            }
+            lower_this_thread();
             let pool = rt.block_on(
                 SqlitePoolOptions::new()
                     .max_connections(1)
@@ -182,6 +177,18 @@ async fn background_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, Store
         .await
         .map_err(|_| std::io::Error::other("opening the event log's connection failed"))??;
     Ok(pool)
+}
+
+/// Lowers the calling thread (and the threads it starts from now on) by
+/// [`BACKGROUND_NICE`] steps: for the event log's work, which must yield
+/// to the DHCP thread.
+pub fn lower_this_thread() {
+    let me = rustix::thread::gettid();
+    let base = rustix::process::getpriority_process(Some(me)).unwrap_or(0);
+    let nice = (base + BACKGROUND_NICE).min(19);
+    if let Err(e) = rustix::process::setpriority_process(Some(me), nice) {
+        tracing::debug!(error = %e, "cannot lower a background thread's priority");
+    }
 }
 
 pub fn now_ms() -> i64 {
