@@ -50,9 +50,9 @@ struct Args {
     relay: Option<Ipv4Addr>,
     #[arg(long)]
     server: Option<Ipv4Addr>,
-    /// MACs, one a line (aa:bb:cc:dd:ee:ff).
-    #[arg(long)]
-    macs: PathBuf,
+    /// Files of MACs, one a line (aa:bb:cc:dd:ee:ff); several comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    macs: Vec<PathBuf>,
     /// DORA exchanges started per second.
     #[arg(long)]
     rate: f64,
@@ -288,7 +288,10 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(a: &Args) -> io::Result<()> {
-    let macs = read_macs(&a.macs)?;
+    let mut macs = Vec::new();
+    for f in &a.macs {
+        macs.extend(read_macs(f)?);
+    }
     if macs.is_empty() {
         return Err(io::Error::other("no MACs"));
     }
