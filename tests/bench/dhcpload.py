@@ -19,19 +19,20 @@ server PID (when given) and of the generators, and `limit`: "generator" when
 perfdhcp could not send at the asked rate (then the server was not the
 bottleneck), else "server" when loss >= 1%.
 
-With --direct IFACE the generators are dhcpgen (tests/bench/dhcpgen)
-instead: clients on the server's own segment (giaddr 0, broadcast flag,
-replies broadcast to port 68), the path perfdhcp cannot drive: one
-process with every MAC list (--local is not used). With --light they are dhcpgen --relay, one per
---local address: the relay path again, at a quarter of perfdhcp's CPU or less, so
-that on a small machine the server rather than the generator sets the rate.
+With --direct IFACE the generator is dhcpgen (tests/bench/dhcpgen):
+clients on the server's own segment (giaddr 0, broadcast flag, replies
+broadcast to port 68), the path perfdhcp cannot drive; one process with
+every MAC list (--local is not used). With --light they are dhcpgen
+--relay, one per --local address: the relay path again, at a quarter of
+perfdhcp's CPU or less, so that on a small machine the server rather than
+the generator sets the rate.
 
 `search` steps the rate (doubling from --start, then two bisections after the
 first failing step; a failing first step is tried twice, then the rate
 halves) and prints every step (JSON lines) and a last line with "best": the
 highest rate with loss < 1%; with --slo MS also "slo": the highest rate
-whose replies' p99 stayed under MS as well (more steps where needed). With --idle each step first waits for the
-server (--pid) to be idle.
+whose replies' p99 stayed under MS as well (more steps where needed). With
+--idle each step first waits for the server (--pid) to be idle.
 """
 import argparse
 import json

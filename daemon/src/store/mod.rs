@@ -182,7 +182,7 @@ async fn background_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, Store
 /// Lowers the calling thread (and the threads it starts from now on) by
 /// [`BACKGROUND_NICE`] steps: for the event log's work, which must yield
 /// to the DHCP thread.
-pub fn lower_this_thread() {
+pub(crate) fn lower_this_thread() {
     let me = rustix::thread::gettid();
     let base = rustix::process::getpriority_process(Some(me)).unwrap_or(0);
     let nice = (base + BACKGROUND_NICE).min(19);

@@ -33,7 +33,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use std::io::{self, BufWriter, IoSlice, IoSliceMut, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use wire::{Kind, Packet};
 
@@ -264,7 +264,7 @@ fn socket(a: &Args) -> io::Result<UdpSocket> {
     Ok(s.into())
 }
 
-fn read_macs(path: &PathBuf) -> io::Result<Vec<[u8; 6]>> {
+fn read_macs(path: &Path) -> io::Result<Vec<[u8; 6]>> {
     let text = std::fs::read_to_string(path)?;
     text.lines()
         .map(str::trim)
