@@ -155,7 +155,7 @@ def main():
             if not seen and tb.get("dora_per_s") is not None:
                 add(f"DHCP DORA/s {label}, {big} res.{bound(tb)}", tb.get("dora_per_s"), "-", None, None)
         # The rate within the latency goal: < 1% loss and p99 < 1 ms.
-        for cfg, label in ((str(big), "relay (perfdhcp)"), (f"{big}-light", "relay (dhcpgen)"),
+        for cfg, label in ((f"{big}-light", "relay (dhcpgen)"),
                            (f"{big}-pinned", "relay (dhcpgen), server on 1 core"),
                            (f"{big}-pxe", "PXE (perfdhcp)"), (f"{big}-direct", "direct (dhcpgen)")):
             tr, ar = find(rows, "dhcp", "tinkerbox", cfg), find(rows, "dhcp", "kea-tuned", cfg)
@@ -164,9 +164,12 @@ def main():
             tb = (tr["slo"].get("best") or {})
             a = ((ar or {}).get("slo") or {}).get("best") or {}
             x = ratio(tb.get("dora_per_s"), a.get("dora_per_s"))
+            # The goal where the rate is the server's: not on perfdhcp's
+            # paths, where perfdhcp's own rate and latency are in the figure.
+            goal = ">= 2x" if ar and "dhcpgen" in label else ""
             add(f"DHCP DORA/s with p99 < 1 ms, {label}, {big} res.{bound(tb)}", tb.get("dora_per_s"),
                 "kea-tuned" if ar else "-", a.get("dora_per_s"), x,
-                ">= 2x" if ar else "", None if not ar or x is None else x >= 2)
+                goal, None if not goal or x is None else x >= 2)
         # What each generator alone could drive on these cores (a server
         # costing nothing): when an anchor's rate is over half of it, 2x that
         # anchor cannot be shown with that generator here.
