@@ -92,6 +92,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let iface = config.dhcp.interface.as_deref();
         let sock = dhcp::server::bind(config.dhcp.listen, iface)
             .with_context(|| format!("dhcp.listen {}: cannot bind", config.dhcp.listen))?;
+        // Several threads on one socket: the kernel hands each datagram to
+        // one waiting reader (an exclusive wake-up), so they share the work
+        // without a thundering herd.
+        for _ in 1..config.dhcp.threads() {
+            let sock = sock.try_clone()?;
+            dhcp_threads.push(
+                shell
+                    .clone()
+                    .spawn(sock, dhcp::Port::Dhcp, dhcp_stop.clone())?,
+            );
+        }
         dhcp_threads.push(
             shell
                 .clone()

@@ -178,6 +178,11 @@ impl Daemon {
             .to_string()
     }
 
+    /// The daemon's PID (`ip netns exec` execs it, so the child's own).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     pub fn db_path(&self) -> PathBuf {
         self.dir.join("state/tinkerbox.db")
     }

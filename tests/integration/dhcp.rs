@@ -194,8 +194,13 @@ impl Lab {
         let interface = interface
             .map(|i| format!("interface = \"{i}\"\n"))
             .unwrap_or_default();
+        self.tinkerbox_dhcp(&format!("mode = \"{mode}\"\n{interface}"))
+    }
+
+    /// tinkerbox in the lab namespace with these lines in `[dhcp]`.
+    fn tinkerbox_dhcp(&self, dhcp: &str) -> Daemon {
         let boot = format!(
-            "[dhcp]\nmode = \"{mode}\"\nlisten = \"0.0.0.0:67\"\n{interface}\
+            "[dhcp]\nlisten = \"0.0.0.0:67\"\n{dhcp}\
              [tftp]\nenabled = false\n[syslog]\nenabled = false\n"
         );
         Daemon::start_setup(Setup {
@@ -519,6 +524,52 @@ fn udhcpc_gets_the_reservation() {
     wait_metric(&d, REPLY_SECONDS_COUNT, 2.0);
     assert_eq!(d.metric(&replies("dhcp.nak", mode)), 0.0);
     wait_events(&d, "m-udh", &["dhcp.offer", "dhcp.ack"]);
+}
+
+/// `[dhcp] threads = 3`: three `dhcp` threads read the one socket, and
+/// clients asking at once all get their reservations, each exchange whole.
+#[test]
+fn several_threads_share_the_socket() {
+    let mut lab = Lab::new("thr");
+    let clients: Vec<(String, String, String)> = (0..4)
+        .map(|i| {
+            let mac = format!("02:00:00:99:01:{:02x}", 0x30 + i);
+            let ns = lab.client(&format!("c{i}"), &mac, None);
+            (ns, mac, format!("10.99.0.{}", 130 + i))
+        })
+        .collect();
+    let d = lab.tinkerbox_dhcp("mode = \"reservation\"\ninterface = \"br0\"\nthreads = 3\n");
+    let dhcp_threads = std::fs::read_dir(format!("/proc/{}/task", d.pid()))
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "dhcp")
+        })
+        .count();
+    assert_eq!(dhcp_threads, 3, "daemon log:\n{}", d.log());
+    for (i, (_, mac, ip)) in clients.iter().enumerate() {
+        apply(&d, &lab, &format!("m-thr{i}"), mac, ip);
+    }
+    let script = udhcpc_script(&lab);
+    let runs: Vec<_> = clients
+        .iter()
+        .map(|(ns, _, _)| {
+            let (ns, script) = (ns.clone(), script.clone());
+            std::thread::spawn(move || udhcpc(&ns, &script, 5, &[]))
+        })
+        .collect();
+    for ((_, _, ip), run) in clients.iter().zip(runs) {
+        let r = run.join().unwrap();
+        assert!(r.ok(), "udhcpc: {}\ndaemon log:\n{}", r.describe(), d.log());
+        assert!(
+            r.stderr.contains(&format!("lease of {ip} obtained")),
+            "{}",
+            r.stderr
+        );
+    }
+    for i in 0..clients.len() {
+        wait_events(&d, &format!("m-thr{i}"), &["dhcp.offer", "dhcp.ack"]);
+    }
 }
 
 /// ISC dhclient gets the reservation into its lease file, configures it,

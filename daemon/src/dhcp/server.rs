@@ -2,8 +2,9 @@
 //! is decoded, answered by [`super::respond`] from the current inventory
 //! snapshot, encoded and sent; events and metrics are recorded on the way.
 //!
-//! Each socket has its own OS thread doing blocking `recvmsg`/`sendmsg`
-//! rather than a task on the tokio runtime: a request then costs two system
+//! Each socket is read by OS threads of its own (port 67: `dhcp.threads`)
+//! doing blocking `recvmsg`/`sendmsg` rather than tasks on the tokio
+//! runtime: a request then costs two system
 //! calls and one wake-up of the thread that answers it. On tokio every
 //! packet also went through epoll and woke a second worker to look for
 //! work, which was about a third of the server's CPU per DORA under load,
@@ -215,7 +216,8 @@ type Cached = Option<(Arc<Record>, Arc<Machine>)>;
 
 thread_local! {
     /// Typed views recently parsed, direct-mapped by MAC: a DISCOVER's
-    /// machine is asked for again by its REQUEST moments later. An entry
+    /// machine is asked for again by its REQUEST moments later (on the
+    /// same thread, unless another one of the socket's threads took it). An entry
     /// holds the record it was parsed from and is used only for that very
     /// record (`Arc::ptr_eq`), so an inventory change is never missed: the
     /// held `Arc` keeps the address from being reused by another record.
