@@ -65,7 +65,7 @@ impl DhcpConfig {
     /// by TFTP, HTTP or anything else on the host): with the server sharing
     /// 2 cores with the load generators at 16000-24000 DORA/s (100k
     /// machines), the median reply p99 was 0.24-0.37 ms with one thread and
-    /// 0.13-0.27 ms with two, for ~15% more CPU per DORA (BENCHMARKS.md).
+    /// 0.13-0.27 ms with two, for 8-25% more CPU per DORA (BENCHMARKS.md).
     pub fn threads(&self) -> usize {
         self.threads.unwrap_or_else(|| {
             std::thread::available_parallelism()
