@@ -95,7 +95,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // Several threads on one socket: the kernel hands each datagram to
         // one waiting reader (an exclusive wake-up), so they share the work
         // without a thundering herd.
-        for _ in 1..config.dhcp.threads() {
+        for _ in 0..config.dhcp.threads() {
             let sock = sock.try_clone()?;
             dhcp_threads.push(
                 shell
@@ -103,11 +103,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     .spawn(sock, dhcp::Port::Dhcp, dhcp_stop.clone())?,
             );
         }
-        dhcp_threads.push(
-            shell
-                .clone()
-                .spawn(sock, dhcp::Port::Dhcp, dhcp_stop.clone())?,
-        );
         if config.dhcp.mode.is_proxy() {
             let addr = std::net::SocketAddr::new(config.dhcp.listen.ip(), dhcp::PROXY_PORT);
             let sock = dhcp::server::bind(addr, iface)

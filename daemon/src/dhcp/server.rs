@@ -4,8 +4,8 @@
 //!
 //! Each socket is read by OS threads of its own (port 67: `dhcp.threads`)
 //! doing blocking `recvmsg`/`sendmsg` rather than tasks on the tokio
-//! runtime: a request then costs two system
-//! calls and one wake-up of the thread that answers it. On tokio every
+//! runtime: a request then costs two system calls and one wake-up of the
+//! thread that answers it. On tokio every
 //! packet also went through epoll and woke a second worker to look for
 //! work, which was about a third of the server's CPU per DORA under load,
 //! and the answer could wait behind whatever task shared its worker
@@ -217,8 +217,8 @@ type Cached = Option<(Arc<Record>, Arc<Machine>)>;
 thread_local! {
     /// Typed views recently parsed, direct-mapped by MAC: a DISCOVER's
     /// machine is asked for again by its REQUEST moments later (on the
-    /// same thread, unless another one of the socket's threads took it). An entry
-    /// holds the record it was parsed from and is used only for that very
+    /// same thread, unless another of the socket's threads took it). An
+    /// entry holds the record it was parsed from and is used only for that very
     /// record (`Arc::ptr_eq`), so an inventory change is never missed: the
     /// held `Arc` keeps the address from being reused by another record.
     static CACHE: RefCell<Vec<Cached>> = const { RefCell::new(Vec::new()) };

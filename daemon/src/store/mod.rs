@@ -694,10 +694,13 @@ async fn move_old_events(
     if !empty {
         return Ok(true);
     }
-    let Some(from) = store_path.to_str() else {
-        tracing::warn!(path = %store_path.display(), "old events not moved: the path is not UTF-8");
-        return Ok(true);
-    };
+    // An error rather than a move skipped: migration 5 would drop them.
+    let from = store_path.to_str().ok_or_else(|| {
+        std::io::Error::other(format!(
+            "{}: the events cannot be moved to {EVENTS_FILE} from a path that is not UTF-8",
+            store_path.display()
+        ))
+    })?;
     sqlx::query("ATTACH DATABASE ?1 AS old")
         .bind(from)
         .execute(&mut *conn)
