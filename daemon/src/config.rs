@@ -407,6 +407,10 @@ impl Config {
         self.state_dir.join("tinkerbox.db")
     }
 
+    pub fn events_path(&self) -> PathBuf {
+        self.state_dir.join(crate::events::log::FILE)
+    }
+
     pub fn token_path(&self) -> PathBuf {
         self.state_dir.join("api-token")
     }

@@ -1,12 +1,13 @@
 //! tinkerbox: a bare-metal provisioning appliance compatible with the
-//! Tinkerbell stack, as one daemon. See DESIGN.md in the shared docs and the
-//! README for the user-facing contract.
+//! Tinkerbell stack, as one daemon. The README has the user-facing
+//! contract; docs/ARCHITECTURE.md the modules and how a request flows.
 #![deny(unsafe_code)]
 
 pub mod api;
 pub mod app;
 pub mod bmc;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod dhcp;
 pub mod events;
@@ -16,7 +17,9 @@ pub mod inventory;
 pub mod ipxe;
 pub mod metadata;
 pub mod metrics;
+pub mod priority;
 pub mod serve;
+pub mod services;
 pub mod store;
 pub mod syslog;
 pub mod tftp;

@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::events;
 use crate::inventory::{Inventory, Snapshot};
 use crate::metrics::Metrics;
+use crate::services::{BmcService, HardwareService, Services};
 use crate::store::Store;
 use crate::{api, bmc, dhcp, http, syslog, tftp, token};
 use anyhow::Context;
@@ -29,20 +30,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let store = Store::open(&config.db_path())
         .await
         .with_context(|| format!("opening {}", config.db_path().display()))?;
-    let records = store.load_records().await?;
-    let n = records.len();
-    let inventory = Arc::new(Inventory::new(Snapshot::build(records)));
+    let machines = store.load_machines().await?;
+    let n = machines.len();
+    let inventory = Arc::new(Inventory::new(Snapshot::build(machines)));
     tracing::info!(
         hardware = n,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "inventory loaded"
     );
 
+    let event_log = events::EventLog::open(&config.events_path())
+        .await
+        .with_context(|| format!("opening {}", config.events_path().display()))?;
     let metrics = Arc::new(Metrics::new());
     let (sink, rx) = events::channel(config.events.queue, metrics.clone());
     let writer = events::spawn_writer(
         rx,
-        store.clone(),
+        event_log.clone(),
         metrics.clone(),
         config.events.per_machine,
         config.events.max_age,
@@ -54,23 +58,37 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if files.is_empty() {
         tracing::warn!(dir = %config.tftp.ipxe_dir.display(), "no iPXE binaries found (Debian: apt-get install ipxe); PXE clients cannot boot");
     }
+    let wake = Arc::new(tokio::sync::Notify::new());
     let bmc = Arc::new(bmc::jobs::Runner::new(
         store.clone(),
         inventory.clone(),
         sink.clone(),
+        wake.clone(),
         config.bmc.task_timeout,
         config.bmc.attempts,
     ));
-    let app = Arc::new(App::new(
-        config.clone(),
+    let services = Arc::new(Services {
+        hardware: HardwareService::new(
+            store.clone(),
+            inventory.clone(),
+            sink.clone(),
+            metrics.clone(),
+        ),
+        bmc: BmcService::new(store.clone(), sink.clone(), wake),
+    });
+    let app = Arc::new(App {
+        config: config.clone(),
         public_ip,
         files,
-        store.clone(),
+        tokens: crate::metadata::token::Tokens::new()
+            .map_err(|_| anyhow::anyhow!("the system's random number generator failed"))?,
+        store: store.clone(),
         inventory,
-        sink,
+        events: sink,
+        event_log: event_log.clone(),
         metrics,
-        bmc.clone(),
-    ));
+        services,
+    });
     let bmc_task = tokio::spawn(bmc.clone().run());
     let poll_task = (!config.bmc.poll_interval.is_zero())
         .then(|| tokio::spawn(bmc.poll(config.bmc.poll_interval)));
@@ -236,6 +254,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if tokio::time::timeout_at(deadline, writer).await.is_err() {
         tracing::warn!("event writer did not finish in time; unwritten events are lost");
     }
+    event_log.close().await;
     store.close().await;
     Ok(())
 }

@@ -12,9 +12,9 @@
 
 use super::{ApiError, NsQuery, key};
 use crate::app::App;
-use crate::bmc::model::{self, Action, BootDeviceAction, Doc};
+use crate::bmc::model::{self, Action, BootDeviceAction};
 use crate::bmc::{BootDevice, PowerAction};
-use crate::hardware::{self, FieldError, Key};
+use crate::hardware::{FieldError, Key};
 use crate::store::Outcome;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
@@ -38,13 +38,6 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/api/v1/hardware/{name}/netboot", post(netboot))
 }
 
-fn word<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
 async fn apply(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
@@ -52,66 +45,25 @@ async fn apply(
     let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::bad_request(FieldError::new("", "body is not UTF-8")))?;
-    let docs = hardware::parse_documents(text).map_err(ApiError::bad_request)?;
-    if docs.is_empty() {
-        return Err(ApiError::bad_request(FieldError::new(
-            "",
-            "no documents in the request body",
-        )));
-    }
+    let docs = super::documents(text, false).map_err(ApiError::bad_request)?;
     let many = docs.len() > 1;
     // Check everything first: a bad document changes nothing.
     let mut parsed = Vec::with_capacity(docs.len());
     for (i, d) in docs.into_iter().enumerate() {
-        parsed.push(model::parse(d).map_err(|e| {
-            ApiError::bad_request(if many { e.within(&format!("[{i}]")) } else { e })
-        })?);
-    }
-    let mut items = Vec::new();
-    for d in parsed {
-        let (kind, key, outcome) = match d {
-            Doc::Secret { key, credentials } => (
-                "Secret",
-                key.clone(),
-                app.store.upsert_secret(&key, &credentials).await?,
-            ),
-            Doc::Machine { key, doc, .. } => (
-                "Machine",
-                key.clone(),
-                app.store.upsert_bmc_machine(&key, &doc).await?,
-            ),
-            Doc::Job { key, doc, spec } => {
-                let m = Key::new(
-                    spec.machine_ref
-                        .namespace
-                        .clone()
-                        .unwrap_or_else(|| key.namespace.clone()),
-                    spec.machine_ref.name.clone(),
-                );
-                let o = app
-                    .store
-                    .insert_job(&key, "Job", &doc, Some(&m), None, &spec.tasks)
-                    .await?;
-                ("Job", key, o)
-            }
-            Doc::Task {
-                key,
-                doc,
-                connection,
-                action,
-            } => {
-                let o = app
-                    .store
-                    .insert_job(&key, "Task", &doc, None, Some(&connection), &[action])
-                    .await?;
-                ("Task", key, o)
-            }
-        };
-        items.push(
-            json!({"kind": kind, "namespace": key.namespace, "name": key.name, "result": outcome}),
+        parsed.push(
+            model::parse(d.doc)
+                .map_err(|e| ApiError::bad_request(super::locate(e, i, d.line, many)))?,
         );
     }
-    app.bmc.wake.notify_one();
+    let outcomes = app.services.bmc.apply(&parsed).await?;
+    let items: Vec<Value> = parsed
+        .iter()
+        .zip(outcomes)
+        .map(|(d, outcome)| {
+            let key = d.key();
+            json!({"kind": d.kind(), "namespace": key.namespace, "name": key.name, "result": outcome})
+        })
+        .collect();
     Ok(Json(json!({ "items": items })))
 }
 
@@ -162,25 +114,9 @@ async fn start_job(
     what: &str,
     tasks: Vec<Action>,
 ) -> Result<Json<Value>, ApiError> {
-    if app.store.bmc_machine(machine).await?.is_none() {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("BMC Machine {machine} not found"),
-        ));
-    }
-    let name = format!("{}-{what}-{}", machine.name, crate::store::now_ms());
-    let jkey = Key::new(machine.namespace.clone(), name.clone());
-    let doc = json!({
-        "apiVersion": model::API_VERSION, "kind": "Job",
-        "metadata": {"name": name, "namespace": machine.namespace},
-        "spec": {"machineRef": {"name": machine.name, "namespace": machine.namespace}, "tasks": tasks},
-    });
-    app.store
-        .insert_job(&jkey, "Job", &doc, Some(machine), None, &tasks)
-        .await?;
-    app.bmc.wake.notify_one();
+    let key = app.services.bmc.start_job(machine, what, tasks).await?;
     Ok(Json(
-        json!({"namespace": jkey.namespace, "name": jkey.name, "result": Outcome::Created}),
+        json!({"namespace": key.namespace, "name": key.name, "result": Outcome::Created}),
     ))
 }
 
@@ -205,7 +141,7 @@ async fn power(
     start_job(
         &app,
         &key(name, q),
-        &format!("power-{}", word(&b.action)),
+        &format!("power-{}", b.action.as_str()),
         vec![task],
     )
     .await
@@ -240,7 +176,7 @@ async fn bootdev(
     start_job(
         &app,
         &key(name, q),
-        &format!("bootdev-{}", word(&b.device)),
+        &format!("bootdev-{}", b.device.as_str()),
         vec![task],
     )
     .await
@@ -249,14 +185,14 @@ async fn bootdev(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JobsQuery {
-    state: Option<String>,
+    state: Option<crate::store::bmc::State>,
 }
 
 async fn jobs(
     State(app): State<Arc<App>>,
     Query(q): Query<JobsQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let items = app.store.jobs(q.state.as_deref()).await?;
+    let items = app.store.jobs(q.state).await?;
     Ok(Json(json!({ "items": items })))
 }
 
@@ -275,69 +211,16 @@ async fn job(
     }
 }
 
-/// Rufio's common job for a Hardware: allow PXE, power off, boot from the
-/// network once (EFI when the Hardware says UEFI), power on.
+/// Rufio's common job for a Hardware ([`crate::services::BmcService::netboot`]).
 async fn netboot(
     State(app): State<Arc<App>>,
     Path(name): Path<String>,
     Query(q): Query<NsQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let k = key(name, q);
-    let mut doc =
-        app.store.get(&k).await?.ok_or_else(|| {
-            ApiError::new(StatusCode::NOT_FOUND, format!("Hardware {k} not found"))
-        })?;
-    let hw = hardware::validate(doc.clone()).map_err(ApiError::bad_request)?;
-    let bmc = hw
-        .machine
-        .spec
-        .bmc_ref
-        .as_ref()
-        .map(|r| Key::new(k.namespace.clone(), r.name.clone()))
-        .ok_or_else(|| {
-            ApiError::bad_request(FieldError::new(
-                "spec.bmcRef",
-                format!("Hardware {k} has no bmcRef"),
-            ))
-        })?;
-    let efi = hw
-        .machine
-        .spec
-        .interfaces
-        .iter()
-        .any(|i| i.dhcp.as_ref().and_then(|d| d.uefi) == Some(true));
-    // allowPXE on every interface that netboots.
-    if let Some(Value::Array(ifaces)) = doc.pointer_mut("/spec/interfaces") {
-        for i in ifaces.iter_mut().filter(|i| i.get("dhcp").is_some()) {
-            i["netboot"]["allowPXE"] = Value::Bool(true);
-        }
-    }
-    let hw = hardware::validate(doc).map_err(ApiError::bad_request)?;
-    app.apply(vec![hw]).await?;
-    let tasks = vec![
-        Action {
-            power_action: Some(PowerAction::Off),
-            ..Action::default()
-        },
-        Action {
-            boot_device: Some(BootDeviceAction {
-                device: BootDevice::Pxe,
-                persistent: false,
-                efi_boot: efi,
-            }),
-            ..Action::default()
-        },
-        Action {
-            power_action: Some(PowerAction::On),
-            ..Action::default()
-        },
-    ];
-    app.events.record(
-        crate::events::Event::new(
-            "bmc.netboot",
-            format!("netboot requested through BMC {bmc}"),
-        )
-        .machine(k.clone()),
-    );
-    start_job(&app, &bmc, "netboot", tasks).await
+    let s = &app.services;
+    let job = s.bmc.netboot(&s.hardware, &k).await?;
+    Ok(Json(
+        json!({"namespace": job.namespace, "name": job.name, "result": Outcome::Created}),
+    ))
 }

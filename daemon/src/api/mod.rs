@@ -14,8 +14,9 @@
 pub mod bmc;
 
 use crate::app::App;
+use crate::events::EventQuery;
 use crate::hardware::{self, DEFAULT_NAMESPACE, FieldError, Key};
-use crate::store::{EventQuery, Outcome, StoreError};
+use crate::store::{Outcome, StoreError};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -28,8 +29,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
-/// Largest request body accepted; a Hardware document is a few KiB.
-pub const BODY_LIMIT: usize = 4 << 20;
+/// Largest request body accepted: an inventory of ~100,000 machines in
+/// one atomic apply (a typical Hardware is ~0.5 KiB of YAML). The YAML
+/// parser's limits scale with the body ([`hardware::documents`]).
+pub const BODY_LIMIT: usize = 64 << 20;
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -70,10 +73,31 @@ impl From<StoreError> for ApiError {
                 body: json!({"error": format!("{field}: {message}"), "field": field,
                              "conflict": owner.to_string()}),
             },
+            e @ StoreError::Stale { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
             other => {
                 tracing::error!(error = %other, "store error");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string())
             }
+        }
+    }
+}
+
+impl From<crate::events::log::Error> for ApiError {
+    fn from(e: crate::events::log::Error) -> Self {
+        tracing::error!(error = %e, "event log error");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+    }
+}
+
+impl From<crate::services::Error> for ApiError {
+    fn from(e: crate::services::Error) -> Self {
+        use crate::services::Error;
+        match e {
+            Error::Invalid(f) => ApiError::bad_request(f),
+            Error::NotFound(what) => {
+                ApiError::new(StatusCode::NOT_FOUND, format!("{what} not found"))
+            }
+            Error::Store(s) => s.into(),
         }
     }
 }
@@ -183,7 +207,7 @@ async fn delete_hardware(
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     let k = key(name, q);
-    if app.delete(&k).await? {
+    if app.services.hardware.delete(&k).await? {
         Ok(Json(
             json!({"namespace": k.namespace, "name": k.name, "result": "deleted"}),
         ))
@@ -226,27 +250,14 @@ async fn apply_hardware(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    let docs = if is_json {
-        let v: Value = serde_json::from_str(text)
-            .map_err(|e| reject(FieldError::new("", format!("malformed JSON: {e}"))))?;
-        hardware::expand_lists(vec![v])
-    } else {
-        hardware::parse_documents(text).map_err(reject)?
-    };
-    if docs.is_empty() {
-        return Err(reject(FieldError::new(
-            "",
-            "no documents in the request body",
-        )));
-    }
+    let docs = documents(text, is_json).map_err(reject)?;
     let many = docs.len() > 1;
     let mut items = Vec::with_capacity(docs.len());
     for (i, d) in docs.into_iter().enumerate() {
-        let hw = hardware::validate(d)
-            .map_err(|e| reject(if many { e.within(&format!("[{i}]")) } else { e }))?;
+        let hw = hardware::validate(d.doc).map_err(|e| reject(locate(e, i, d.line, many)))?;
         items.push(hw);
     }
-    let applied = app.apply(items).await?;
+    let applied = app.services.hardware.apply(items).await?;
     let created = applied.iter().any(|(_, o)| *o == Outcome::Created);
     let items: Vec<Applied> = applied
         .into_iter()
@@ -262,6 +273,38 @@ async fn apply_hardware(
         StatusCode::OK
     };
     Ok((status, Json(json!({ "items": items }))).into_response())
+}
+
+/// The documents of a request body: JSON (one document, an array or a
+/// `kind: *List`) or a YAML stream; each with its line when YAML.
+pub(crate) fn documents(text: &str, is_json: bool) -> Result<Vec<hardware::Located>, FieldError> {
+    let docs = if is_json {
+        let v: Value = serde_json::from_str(text).map_err(|e| {
+            FieldError::new(
+                "",
+                format!(
+                    "malformed JSON at line {}, column {}: {e}",
+                    e.line(),
+                    e.column()
+                ),
+            )
+        })?;
+        hardware::expand_lists(v)
+            .into_iter()
+            .map(|doc| hardware::Located { line: 0, doc })
+            .collect()
+    } else {
+        hardware::parse_located(text)?
+    };
+    if docs.is_empty() {
+        return Err(FieldError::new("", "no documents in the request body"));
+    }
+    Ok(docs)
+}
+
+/// An error in document `i` of a body says which and where.
+pub(crate) fn locate(e: FieldError, i: usize, line: u64, many: bool) -> FieldError {
+    if many { e.at_document(i, line) } else { e }
 }
 
 #[derive(Deserialize)]
@@ -296,8 +339,8 @@ async fn events(
         )));
     }
     let rows = app
-        .store
-        .events(&EventQuery {
+        .event_log
+        .query(&EventQuery {
             machine,
             after: q.after,
             limit,

@@ -4,80 +4,63 @@
 //! its own job. After a restart, a task that was in flight is failed rather
 //! than sent again: a job never runs a task twice.
 
-use super::model::{Action, Connection, MachineSpec};
-use super::{BmcError, PowerAction, PowerState, Target};
-use crate::events::{Event, EventSink};
+use super::model::{Action, Connection, MachineSpec, SecretRef};
+use super::{BmcError, PowerAction, PowerState, Protocol, Target};
+use crate::clock::now_ms;
+use crate::events::{Event, EventSink, Kind};
 use crate::hardware::Key;
 use crate::inventory::Inventory;
-use crate::store::bmc::JobRow;
-use crate::store::{Store, now_ms};
+use crate::store::Store;
+use crate::store::bmc::{JobRow, State};
 use serde_json::json;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    Ipmi,
-    Redfish,
-}
+/// One protocol and how to reach the BMC with it.
+pub type Way = (&'static dyn Protocol, Target);
 
-impl Protocol {
-    fn name(self) -> &'static str {
-        match self {
-            Protocol::Ipmi => "ipmi",
-            Protocol::Redfish => "redfish",
-        }
-    }
-}
-
-/// How to reach a BMC: one target per protocol, in the order to try them.
+/// How to reach a BMC: one target per protocol, in the order to try them,
+/// each protocol once.
 pub fn targets(
     c: &Connection,
     username: &str,
     password: &str,
     timeout: Duration,
-) -> Vec<(Protocol, Target)> {
+) -> Result<Vec<Way>, String> {
     let opts = c.provider_options.clone().unwrap_or_default();
-    // `host` may be a URL (http://host:port) for Redfish emulators and labs.
-    let (host, url_port, plain) = match c.host.split_once("://") {
-        Some((scheme, rest)) => {
-            let rest = rest.trim_end_matches('/');
-            let (h, p) = match rest.rsplit_once(':') {
-                Some((h, p)) if p.parse::<u16>().is_ok() => (h.to_string(), p.parse().ok()),
-                _ => (rest.to_string(), None),
-            };
-            (h, p, scheme == "http")
-        }
-        None => (c.host.clone(), None, false),
-    };
+    let addr = c.address()?;
     let base = |port: Option<u16>| Target {
-        host: host.clone(),
+        host: addr.host.clone(),
         port,
         username: username.to_string(),
         password: password.to_string(),
         insecure_tls: c.insecure_tls,
-        plain_http: plain,
+        plain_http: addr.plain_http,
         basic_auth: false,
         system: None,
-        cipher_suite: 3,
+        cipher_suite: super::ipmi::CIPHER_SUITE,
         timeout,
     };
+    // A port in a bare host is IPMI's (Rufio's `port`); in a URL, Redfish's.
+    let bare_port = addr.port.filter(|_| !addr.url);
+    let url_port = addr.port.filter(|_| addr.url);
     let ipmi = {
         let mut t = base(
             opts.ipmitool
                 .as_ref()
                 .and_then(|i| i.port)
                 .or(c.port)
-                .or(Some(623)),
+                .or(bare_port)
+                .or(Some(super::ipmi::DEFAULT_PORT)),
         );
         t.cipher_suite = opts
             .ipmitool
             .as_ref()
             .and_then(|i| i.cipher_suite.as_deref())
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(3);
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(super::ipmi::CIPHER_SUITE);
         t
     };
     let redfish = {
@@ -87,54 +70,83 @@ pub fn targets(
         t.system = r.system_name;
         t
     };
-    let mut order: Vec<Protocol> = opts
-        .preferred_order
-        .iter()
-        .filter_map(|p| match p.to_ascii_lowercase().as_str() {
-            "ipmitool" | "ipmi" => Some(Protocol::Ipmi),
-            "gofish" | "redfish" => Some(Protocol::Redfish),
-            _ => None,
-        })
-        .collect();
+    let mut order: Vec<&'static dyn Protocol> = Vec::new();
+    for p in &opts.preferred_order {
+        let proto: &'static dyn Protocol = match p.to_ascii_lowercase().as_str() {
+            "ipmitool" | "ipmi" => &super::ipmi::Ipmi,
+            "gofish" | "redfish" => &super::redfish::Redfish,
+            _ => continue,
+        };
+        // Each protocol once, at its first place: `[ipmitool, redfish,
+        // ipmi]` must not try IPMI twice per attempt.
+        if !order.iter().any(|o| o.name() == proto.name()) {
+            order.push(proto);
+        }
+    }
     if order.is_empty() {
-        order = if opts.redfish.is_some() || url_port.is_some() || plain {
-            vec![Protocol::Redfish, Protocol::Ipmi]
+        order = if opts.redfish.is_some() || addr.url {
+            vec![&super::redfish::Redfish, &super::ipmi::Ipmi]
         } else {
-            vec![Protocol::Ipmi, Protocol::Redfish]
+            vec![&super::ipmi::Ipmi, &super::redfish::Redfish]
         };
     }
-    order.dedup();
-    order
+    Ok(order
         .into_iter()
         .map(|p| {
-            let t = match p {
-                Protocol::Ipmi => ipmi.clone(),
-                Protocol::Redfish => redfish.clone(),
+            let t = match p.name() {
+                "ipmi" => ipmi.clone(),
+                _ => redfish.clone(),
             };
             (p, t)
         })
-        .collect()
+        .collect())
 }
 
 /// One action against one protocol.
-async fn act(p: Protocol, t: &Target, a: &Action) -> Result<Option<PowerState>, BmcError> {
+async fn act(p: &dyn Protocol, t: &Target, a: &Action) -> Result<Option<PowerState>, BmcError> {
     if let Some(pa) = a.power_action {
-        return match p {
-            Protocol::Ipmi => super::ipmi::power(t, pa).await.map(Some),
-            Protocol::Redfish => super::redfish::power(t, pa).await.map(Some),
-        };
+        return p.power(t, pa).await.map(Some);
     }
     if let Some((dev, persistent, efi)) = a.boot() {
-        return match p {
-            Protocol::Ipmi => super::ipmi::set_boot_device(t, dev, persistent, efi)
-                .await
-                .map(|_| None),
-            Protocol::Redfish => super::redfish::set_boot_device(t, dev, persistent, efi)
-                .await
-                .map(|_| None),
-        };
+        return p
+            .set_boot_device(t, dev, persistent, efi)
+            .await
+            .map(|_| None);
     }
     Err(BmcError::Protocol("a task with no action".into()))
+}
+
+/// Why no protocol carried out an action.
+struct Failure {
+    /// The last protocol's error, named (`redfish: ...`).
+    message: String,
+    /// A protocol refused the credentials: retrying will not help.
+    auth: bool,
+}
+
+/// Try `a` on each way in turn, each under a hard deadline around the
+/// protocol's own timeouts; the first that succeeds answers (with the
+/// power state it reported, and its name).
+async fn try_each(
+    ways: &[Way],
+    a: &Action,
+    timeout: Duration,
+) -> Result<(Option<PowerState>, &'static str), Failure> {
+    let mut fail = Failure {
+        message: "no protocol to try".into(),
+        auth: false,
+    };
+    for (p, t) in ways {
+        match tokio::time::timeout(timeout + Duration::from_secs(1), act(*p, t, a)).await {
+            Ok(Ok(power)) => return Ok((power, p.name())),
+            Ok(Err(e)) => {
+                fail.auth |= matches!(e, BmcError::Auth(_));
+                fail.message = format!("{}: {e}", p.name());
+            }
+            Err(_) => fail.message = format!("{}: no answer within {timeout:?}", p.name()),
+        }
+    }
+    Err(fail)
 }
 
 pub struct Runner {
@@ -154,6 +166,7 @@ impl Runner {
         store: Store,
         inventory: Arc<Inventory>,
         events: EventSink,
+        wake: Arc<Notify>,
         task_timeout: Duration,
         attempts: u32,
     ) -> Self {
@@ -161,7 +174,7 @@ impl Runner {
             store,
             inventory,
             events,
-            wake: Arc::new(Notify::new()),
+            wake,
             task_timeout,
             attempts: attempts.max(1),
             running: Mutex::new(HashSet::new()),
@@ -174,7 +187,7 @@ impl Runner {
             tracing::error!(error = %e, "bmc: recovering jobs failed");
         }
         loop {
-            match self.store.jobs(Some("pending")).await {
+            match self.store.jobs(Some(State::Pending)).await {
                 Ok(jobs) => {
                     for j in jobs {
                         let fresh = self
@@ -200,21 +213,21 @@ impl Runner {
     /// not have reached the BMC, so it is failed, never sent again; a job
     /// stopped between tasks goes on from the next one.
     async fn recover(&self) -> Result<(), crate::store::StoreError> {
-        for mut j in self.store.jobs(Some("running")).await? {
+        for mut j in self.store.jobs(Some(State::Running)).await? {
             if let Some((i, t)) = j
                 .task_states
                 .iter_mut()
                 .enumerate()
-                .find(|(_, t)| t.state == "running")
+                .find(|(_, t)| t.state == State::Running)
             {
-                t.state = "failed".into();
+                t.state = State::Failed;
                 t.message = Some("interrupted by a restart while in flight; not sent again".into());
-                j.state = "failed".into();
+                j.state = State::Failed;
                 j.message = Some(format!("task {i} was interrupted by a restart"));
                 j.completed_ms = Some(now_ms());
                 tracing::warn!(job = %j.key(), task = i, "bmc: job interrupted by a restart marked failed");
             } else {
-                j.state = "pending".into();
+                j.state = State::Pending;
                 tracing::info!(job = %j.key(), "bmc: resuming job after a restart");
             }
             self.store.save_job(&j).await?;
@@ -227,14 +240,23 @@ impl Runner {
         let snap = self.inventory.snapshot();
         snap.machines()
             .find(|m| {
-                m.key.namespace == bmc.namespace && m.bmc_ref().is_some_and(|r| r.name == bmc.name)
+                m.key.namespace == bmc.namespace && m.bmc.as_deref() == Some(bmc.name.as_str())
             })
             .map(|m| m.key.clone())
             .unwrap_or_else(|| bmc.clone())
     }
 
-    async fn resolve(&self, j: &JobRow) -> Result<(Option<Key>, Vec<(Protocol, Target)>), String> {
-        let (bmc, conn) = match (&j.machine, &j.connection) {
+    /// The ways to reach the BMC of a job: a BMC Machine by name (`bmc`),
+    /// or a Task's own connection; credentials from the Secret it names,
+    /// in the BMC's namespace unless it says otherwise (`namespace`: the
+    /// job's, for a Task).
+    async fn resolve(
+        &self,
+        bmc: Option<&Key>,
+        connection: Option<&Connection>,
+        namespace: &str,
+    ) -> Result<Vec<Way>, String> {
+        let conn = match (bmc, connection) {
             (Some(k), _) => {
                 let row = self
                     .store
@@ -245,21 +267,15 @@ impl Runner {
                 let spec: MachineSpec =
                     serde_json::from_value(row.doc.get("spec").cloned().unwrap_or_default())
                         .map_err(|e| format!("Machine {k}: {e}"))?;
-                (Some(k.clone()), spec.connection)
+                spec.connection
             }
-            (None, Some(c)) => (None, c.clone()),
+            (None, Some(c)) => c.clone(),
             (None, None) => return Err("job names no machine and no connection".into()),
         };
-        let secret_ns = |r: &super::model::SecretRef| {
-            r.namespace.clone().unwrap_or_else(|| {
-                bmc.as_ref()
-                    .map(|b| b.namespace.clone())
-                    .unwrap_or_else(|| j.namespace.clone())
-            })
-        };
+        let ns = bmc.map_or(namespace, |b| b.namespace.as_str());
         let (user, pass) = match &conn.auth_secret_ref {
-            Some(r) => {
-                let key = Key::new(secret_ns(r), r.name.clone());
+            Some(SecretRef { name, namespace }) => {
+                let key = Key::new(namespace.as_deref().unwrap_or(ns), name.clone());
                 let c = self
                     .store
                     .secret(&key)
@@ -270,29 +286,35 @@ impl Runner {
             }
             None => (String::new(), String::new()),
         };
-        Ok((bmc, targets(&conn, &user, &pass, self.task_timeout)))
+        targets(&conn, &user, &pass, self.task_timeout)
     }
 
     async fn execute(self: Arc<Self>, mut j: JobRow) {
         let key = j.key();
-        j.state = "running".into();
+        j.state = State::Running;
         j.started_ms.get_or_insert(now_ms());
         if let Err(e) = self.store.save_job(&j).await {
             tracing::error!(job = %key, error = %e, "bmc: cannot save job");
             self.done(j.id);
             return;
         }
-        let resolved = self.resolve(&j).await;
-        let (bmc, targets) = match resolved {
-            Ok(x) => x,
+        let bmc = j.machine.clone();
+        let ways = match self
+            .resolve(bmc.as_ref(), j.connection.as_ref(), &j.namespace)
+            .await
+        {
+            Ok(w) => w,
             Err(why) => {
-                self.finish(&mut j, "failed", Some(why)).await;
+                self.finish(&mut j, State::Failed, Some(why)).await;
                 return;
             }
         };
         let subject = bmc.as_ref().map(|b| self.hardware_of(b));
         for i in 0..j.tasks.len() {
-            if j.task_states.get(i).is_some_and(|t| t.state == "completed") {
+            if j.task_states
+                .get(i)
+                .is_some_and(|t| t.state == State::Completed)
+            {
                 continue;
             }
             let action = j.tasks[i].clone();
@@ -303,57 +325,43 @@ impl Runner {
                     tokio::time::sleep(Duration::from_secs(1 << (attempt - 1).min(4))).await;
                 }
                 if let Some(t) = j.task_states.get_mut(i) {
-                    t.state = "running".into();
+                    t.state = State::Running;
                     t.attempts += 1;
                 }
                 if self.store.save_job(&j).await.is_err() {
                     last_err = "cannot persist the task before sending it".into();
                     break;
                 }
-                let mut auth_failed = false;
-                for (p, t) in &targets {
-                    // Hard deadline around the protocol's own timeouts.
-                    let r = tokio::time::timeout(
-                        self.task_timeout + Duration::from_secs(1),
-                        act(*p, t, &action),
-                    )
-                    .await;
-                    match r {
-                        Ok(Ok(power)) => {
-                            if let Some(ts) = j.task_states.get_mut(i) {
-                                ts.state = "completed".into();
-                                ts.protocol = Some(p.name().into());
-                                ts.message = power.map(|s| format!("power is {}", state_word(s)));
-                            }
-                            self.contact(bmc.as_ref(), power, None).await;
-                            self.note(subject.as_ref(), &action, power, p.name());
-                            done = true;
+                match try_each(&ways, &action, self.task_timeout).await {
+                    Ok((power, protocol)) => {
+                        if let Some(ts) = j.task_states.get_mut(i) {
+                            ts.state = State::Completed;
+                            ts.protocol = Some(protocol.into());
+                            ts.message = power.map(|s| format!("power is {}", s.as_str()));
+                        }
+                        self.contact(bmc.as_ref(), power, None).await;
+                        self.note(subject.as_ref(), &action, power, protocol);
+                        done = true;
+                        break;
+                    }
+                    Err(f) => {
+                        last_err = f.message;
+                        if f.auth {
                             break;
                         }
-                        Ok(Err(e)) => {
-                            auth_failed |= matches!(e, BmcError::Auth(_));
-                            last_err = format!("{}: {e}", p.name());
-                        }
-                        Err(_) => {
-                            last_err =
-                                format!("{}: no answer within {:?}", p.name(), self.task_timeout)
-                        }
                     }
-                }
-                if done || auth_failed {
-                    break;
                 }
             }
             if !done {
                 if let Some(t) = j.task_states.get_mut(i) {
-                    t.state = "failed".into();
+                    t.state = State::Failed;
                     t.message = Some(last_err.clone());
                 }
                 self.contact(bmc.as_ref(), None, Some(&last_err)).await;
                 if let Some(s) = &subject {
                     self.events.record(
                         Event::new(
-                            "bmc.failed",
+                            Kind::BmcFailed,
                             format!("{} failed: {last_err}", action.describe()),
                         )
                         .machine(s.clone()),
@@ -361,7 +369,7 @@ impl Runner {
                 }
                 self.finish(
                     &mut j,
-                    "failed",
+                    State::Failed,
                     Some(format!("task {i} ({}): {last_err}", action.describe())),
                 )
                 .await;
@@ -371,7 +379,7 @@ impl Runner {
                 tracing::error!(job = %key, "bmc: cannot save task completion");
             }
         }
-        self.finish(&mut j, "completed", None).await;
+        self.finish(&mut j, State::Completed, None).await;
     }
 
     /// Read every BMC's power state every `every`; a change is an event of
@@ -381,6 +389,10 @@ impl Runner {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
+        let status = Action {
+            power_action: Some(PowerAction::Status),
+            ..Action::default()
+        };
         loop {
             tick.tick().await;
             let machines = match self.store.bmc_machines(None).await {
@@ -391,83 +403,32 @@ impl Runner {
                 }
             };
             for row in machines {
-                let ns = row
-                    .doc
-                    .pointer("/metadata/namespace")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("default");
-                let name = row
-                    .doc
-                    .pointer("/metadata/name")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("");
-                let key = Key::new(ns, name);
-                let probe = JobRow {
-                    id: 0,
-                    namespace: key.namespace.clone(),
-                    name: String::new(),
-                    kind: "poll".into(),
-                    machine: Some(key.clone()),
-                    connection: None,
-                    tasks: vec![],
-                    state: String::new(),
-                    task_states: vec![],
-                    message: None,
-                    created_ms: 0,
-                    started_ms: None,
-                    completed_ms: None,
-                };
-                let Ok((bmc, targets)) = self.resolve(&probe).await else {
+                let key = row.key.clone();
+                let Ok(ways) = self.resolve(Some(&key), None, &key.namespace).await else {
                     continue;
                 };
-                let status = Action {
-                    power_action: Some(PowerAction::Status),
-                    ..Action::default()
-                };
-                let mut last_err = None;
-                let mut state = None;
-                for (p, t) in &targets {
-                    match tokio::time::timeout(
-                        self.task_timeout + Duration::from_secs(1),
-                        act(*p, t, &status),
-                    )
-                    .await
-                    {
-                        Ok(Ok(s)) => {
-                            state = s;
-                            break;
-                        }
-                        Ok(Err(e)) => last_err = Some(format!("{}: {e}", p.name())),
-                        Err(_) => {
-                            last_err = Some(format!(
-                                "{}: no answer within {:?}",
-                                p.name(),
-                                self.task_timeout
-                            ))
-                        }
-                    }
-                }
-                match state {
-                    Some(s) => {
+                match try_each(&ways, &status, self.task_timeout).await {
+                    Ok((Some(s), _)) => {
                         // Store the new state first: whoever sees the event
                         // must also see it in the Machine's status.
-                        self.contact(bmc.as_ref(), Some(s), None).await;
-                        if row.power_state != state_word(s) && row.power_state != "unknown" {
+                        self.contact(Some(&key), Some(s), None).await;
+                        if row.power_state != s && row.power_state != PowerState::Unknown {
                             let subject = self.hardware_of(&key);
                             self.events.record(
                                 Event::new(
-                                    "bmc.power_changed",
+                                    Kind::BmcPowerChanged,
                                     format!(
                                         "power changed from {} to {}",
-                                        row.power_state,
-                                        state_word(s)
+                                        row.power_state.as_str(),
+                                        s.as_str()
                                     ),
                                 )
                                 .machine(subject),
                             );
                         }
                     }
-                    None => self.contact(bmc.as_ref(), None, last_err.as_deref()).await,
+                    Ok((None, _)) => self.contact(Some(&key), None, None).await,
+                    Err(f) => self.contact(Some(&key), None, Some(&f.message)).await,
                 }
             }
         }
@@ -476,18 +437,18 @@ impl Runner {
     fn note(&self, subject: Option<&Key>, a: &Action, power: Option<PowerState>, protocol: &str) {
         let Some(s) = subject else { return };
         let kind = if a.power_action.is_some() {
-            "bmc.power"
+            Kind::BmcPower
         } else {
-            "bmc.bootdev"
+            Kind::BmcBootdev
         };
         let msg = match (a.power_action, power) {
             (Some(PowerAction::Status), Some(p)) => {
-                format!("power status: {} ({protocol})", state_word(p))
+                format!("power status: {} ({protocol})", p.as_str())
             }
             (Some(_), Some(p)) => format!(
                 "{} done, power is {} ({protocol})",
                 a.describe(),
-                state_word(p)
+                p.as_str()
             ),
             _ => format!("{} done ({protocol})", a.describe()),
         };
@@ -507,23 +468,19 @@ impl Runner {
             "message": err.unwrap_or(""),
             "lastUpdateTime": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         });
-        if let Err(e) = self
-            .store
-            .set_bmc_status(b, power.map(state_word), &cond)
-            .await
-        {
+        if let Err(e) = self.store.set_bmc_status(b, power, &cond).await {
             tracing::warn!(error = %e, "bmc: cannot save status");
         }
     }
 
-    async fn finish(&self, j: &mut JobRow, state: &str, message: Option<String>) {
-        j.state = state.into();
+    async fn finish(&self, j: &mut JobRow, state: State, message: Option<String>) {
+        j.state = state;
         j.message = message;
         j.completed_ms = Some(now_ms());
         if let Err(e) = self.store.save_job(j).await {
             tracing::error!(job = %j.key(), error = %e, "bmc: cannot save job");
         }
-        tracing::info!(job = %j.key(), state, message = j.message.as_deref().unwrap_or(""), "bmc: job finished");
+        tracing::info!(job = %j.key(), state = state.as_str(), message = j.message.as_deref().unwrap_or(""), "bmc: job finished");
         self.done(j.id);
     }
 
@@ -531,14 +488,6 @@ impl Runner {
         if let Ok(mut r) = self.running.lock() {
             r.remove(&id);
         }
-    }
-}
-
-pub fn state_word(s: PowerState) -> &'static str {
-    match s {
-        PowerState::On => "on",
-        PowerState::Off => "off",
-        PowerState::Unknown => "unknown",
     }
 }
 
@@ -557,22 +506,22 @@ mod tests {
         }
     }
 
+    fn ways(c: &Connection) -> Vec<Way> {
+        targets(c, "u", "p", Duration::from_secs(5)).unwrap()
+    }
+
+    fn names(w: &[Way]) -> Vec<&'static str> {
+        w.iter().map(|(p, _)| p.name()).collect()
+    }
+
     #[test]
     fn protocol_order_and_ports() {
-        let t = targets(&conn("10.0.0.5", None), "u", "p", Duration::from_secs(5));
-        assert_eq!(
-            t.iter().map(|x| x.0).collect::<Vec<_>>(),
-            [Protocol::Ipmi, Protocol::Redfish]
-        );
+        let t = ways(&conn("10.0.0.5", None));
+        assert_eq!(names(&t), ["ipmi", "redfish"]);
         assert_eq!(t[0].1.port, Some(623));
         assert_eq!(t[1].1.port, None, "Redfish picks 443 itself");
-        let t = targets(
-            &conn("http://127.0.0.1:8000", None),
-            "u",
-            "p",
-            Duration::from_secs(5),
-        );
-        assert_eq!(t[0].0, Protocol::Redfish);
+        let t = ways(&conn("http://127.0.0.1:8000", None));
+        assert_eq!(names(&t), ["redfish", "ipmi"]);
         assert!(t[0].1.plain_http);
         assert_eq!(
             (t[0].1.host.as_str(), t[0].1.port),
@@ -590,12 +539,47 @@ mod tests {
             }),
             preferred_order: vec!["ipmitool".into(), "gofish".into()],
         };
-        let t = targets(&conn("bmc", Some(opts)), "u", "p", Duration::from_secs(5));
-        assert_eq!(t[0].0, Protocol::Ipmi);
+        let t = ways(&conn("bmc", Some(opts)));
+        assert_eq!(names(&t), ["ipmi", "redfish"]);
         assert_eq!((t[0].1.port, t[0].1.cipher_suite), (Some(6230), 17));
         assert_eq!(
             (t[1].1.port, t[1].1.basic_auth, t[1].1.system.as_deref()),
             (Some(8443), true, Some("sys1"))
         );
+    }
+
+    /// `dedup()` removed only adjacent duplicates: IPMI was tried twice
+    /// per attempt.
+    #[test]
+    fn each_protocol_is_tried_once() {
+        let opts = |order: &[&str]| ProviderOptions {
+            preferred_order: order.iter().map(|s| s.to_string()).collect(),
+            ..ProviderOptions::default()
+        };
+        for (order, want) in [
+            (
+                &["ipmitool", "redfish", "ipmi"][..],
+                &["ipmi", "redfish"][..],
+            ),
+            (
+                &["gofish", "ipmitool", "redfish", "gofish"],
+                &["redfish", "ipmi"],
+            ),
+            (&["redfish", "nonsense"], &["redfish"]),
+        ] {
+            let t = ways(&conn("10.0.0.5", Some(opts(order))));
+            assert_eq!(names(&t), want, "{order:?}");
+        }
+    }
+
+    #[test]
+    fn ipv6_bmcs_get_their_ports() {
+        let t = ways(&conn("[fd00::5]:6230", None));
+        assert_eq!(names(&t), ["ipmi", "redfish"]);
+        assert_eq!((t[0].1.host.as_str(), t[0].1.port), ("fd00::5", Some(6230)));
+        assert_eq!(t[1].1.port, None);
+        let t = ways(&conn("http://[fd00::5]:8000", None));
+        assert_eq!((t[0].1.host.as_str(), t[0].1.port), ("fd00::5", Some(8000)));
+        assert!(targets(&conn("http://h/x", None), "u", "p", Duration::from_secs(1)).is_err());
     }
 }

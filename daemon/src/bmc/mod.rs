@@ -7,7 +7,32 @@ pub mod jobs;
 pub mod model;
 pub mod redfish;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
+
+/// What a protocol call returns: boxed, so that protocols can sit behind
+/// one trait object.
+pub type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, BmcError>> + Send + 'a>>;
+
+/// A way to talk to a BMC: what a job's tasks need of it.
+pub trait Protocol: Send + Sync {
+    /// `ipmi` or `redfish`, for status and events.
+    fn name(&self) -> &'static str;
+
+    /// Carry out a power action (or read the state, `Status`); the state
+    /// it leads to.
+    fn power<'a>(&'a self, t: &'a Target, action: PowerAction) -> Call<'a, PowerState>;
+
+    /// Set the next boot device (`persistent`: every boot, else once).
+    fn set_boot_device<'a>(
+        &'a self,
+        t: &'a Target,
+        dev: BootDevice,
+        persistent: bool,
+        efi: bool,
+    ) -> Call<'a, ()>;
+}
 
 /// Rufio's power states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -16,6 +41,25 @@ pub enum PowerState {
     On,
     Off,
     Unknown,
+}
+
+impl PowerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PowerState::On => "on",
+            PowerState::Off => "off",
+            PowerState::Unknown => "unknown",
+        }
+    }
+
+    /// As stored; anything else is `Unknown`.
+    pub fn from_str_lossy(s: &str) -> PowerState {
+        match s {
+            "on" => PowerState::On,
+            "off" => PowerState::Off,
+            _ => PowerState::Unknown,
+        }
+    }
 }
 
 /// Rufio's `powerAction` values.
@@ -32,6 +76,19 @@ pub enum PowerAction {
     Status,
 }
 
+impl PowerAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PowerAction::On => "on",
+            PowerAction::Off => "off",
+            PowerAction::Soft => "soft",
+            PowerAction::Cycle => "cycle",
+            PowerAction::Reset => "reset",
+            PowerAction::Status => "status",
+        }
+    }
+}
+
 /// Rufio's boot devices.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
@@ -42,6 +99,17 @@ pub enum BootDevice {
     Disk,
     Bios,
     Cdrom,
+}
+
+impl BootDevice {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootDevice::Pxe => "pxe",
+            BootDevice::Disk => "disk",
+            BootDevice::Bios => "bios",
+            BootDevice::Cdrom => "cdrom",
+        }
+    }
 }
 
 /// Where and how to reach one BMC.

@@ -31,6 +31,68 @@ pub struct Connection {
     pub provider_options: Option<ProviderOptions>,
 }
 
+/// Where a BMC answers, from `spec.connection.host`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Address {
+    /// A name or an address; IPv6 without brackets.
+    pub host: String,
+    pub port: Option<u16>,
+    /// Given as `http://...`: Redfish over plain HTTP (emulators, labs).
+    pub plain_http: bool,
+    /// Given as a URL (`http://` or `https://`): a Redfish endpoint.
+    pub url: bool,
+}
+
+impl Connection {
+    /// The host, parsed: a name or an address (IPv6 with or without
+    /// brackets), optionally with a port (`bmc-1:6230`, `[fd00::5]:6230`),
+    /// or a URL (`http://host:port`, `https://[fd00::5]`). The `url` crate
+    /// parses the authority: hand-splitting at the last `:` broke on IPv6.
+    pub fn address(&self) -> Result<Address, String> {
+        let h = self.host.trim();
+        if h.is_empty() {
+            return Err("required".into());
+        }
+        if let Ok(ip) = h.parse::<std::net::IpAddr>() {
+            return Ok(Address {
+                host: ip.to_string(),
+                port: None,
+                plain_http: false,
+                url: false,
+            });
+        }
+        let (url, scheme) = if h.contains("://") {
+            let u = url::Url::parse(h).map_err(|e| format!("{h:?} is not a valid URL: {e}"))?;
+            let scheme = u.scheme().to_string();
+            if scheme != "http" && scheme != "https" {
+                return Err(format!("{h:?}: want http:// or https://, or a bare host"));
+            }
+            (u, Some(scheme))
+        } else {
+            let u = url::Url::parse(&format!("bmc://{h}"))
+                .map_err(|e| format!("{h:?} is not a host or host:port: {e}"))?;
+            (u, None)
+        };
+        if !matches!(url.path(), "" | "/") || url.query().is_some() || !url.username().is_empty() {
+            return Err(format!(
+                "{h:?}: want a host, host:port or scheme://host:port, with no path or credentials (those go in the Secret)"
+            ));
+        }
+        let host = match url.host() {
+            Some(url::Host::Domain(d)) => d.to_string(),
+            Some(url::Host::Ipv4(a)) => a.to_string(),
+            Some(url::Host::Ipv6(a)) => a.to_string(),
+            None => return Err(format!("{h:?} names no host")),
+        };
+        Ok(Address {
+            host,
+            port: url.port(),
+            plain_http: scheme.as_deref() == Some("http"),
+            url: scheme.is_some(),
+        })
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct SecretRef {
     pub name: String,
@@ -114,19 +176,10 @@ impl Action {
 
     pub fn describe(&self) -> String {
         match (&self.power_action, self.boot()) {
-            (Some(p), _) => format!(
-                "power {}",
-                serde_json::to_value(p)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default()
-            ),
+            (Some(p), _) => format!("power {}", p.as_str()),
             (None, Some((d, persistent, efi))) => format!(
                 "boot device {}{}{}",
-                serde_json::to_value(d)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default(),
+                d.as_str(),
                 if persistent {
                     " (persistent)"
                 } else {
@@ -151,6 +204,19 @@ pub struct MachineRef {
     pub name: String,
     #[serde(default)]
     pub namespace: Option<String>,
+}
+
+impl JobSpec {
+    /// The BMC Machine the job runs against; `namespace` is the job's.
+    pub fn machine_key(&self, namespace: &str) -> Key {
+        Key::new(
+            self.machine_ref
+                .namespace
+                .clone()
+                .unwrap_or_else(|| namespace.to_string()),
+            self.machine_ref.name.clone(),
+        )
+    }
 }
 
 /// BMC credentials from a Secret (never printed, logged or returned).
@@ -193,26 +259,6 @@ pub enum Doc {
     },
 }
 
-fn key_of(doc: &mut Value) -> Result<Key, FieldError> {
-    let meta = doc
-        .get_mut("metadata")
-        .and_then(Value::as_object_mut)
-        .ok_or_else(|| FieldError::new("metadata", "required"))?;
-    let name = meta
-        .get("name")
-        .and_then(Value::as_str)
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| FieldError::new("metadata.name", "required"))?
-        .to_string();
-    let ns = meta
-        .get("namespace")
-        .and_then(Value::as_str)
-        .unwrap_or(crate::hardware::DEFAULT_NAMESPACE)
-        .to_string();
-    meta.insert("namespace".into(), Value::String(ns.clone()));
-    Ok(Key::new(ns, name))
-}
-
 fn typed<T: serde::de::DeserializeOwned>(v: &Value, prefix: &str) -> Result<T, FieldError> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
@@ -235,6 +281,26 @@ fn b64(v: &Value, field: &str) -> Result<String, FieldError> {
     String::from_utf8(raw).map_err(|_| FieldError::new(field, "not UTF-8 after base64 decoding"))
 }
 
+impl Doc {
+    pub fn key(&self) -> &Key {
+        match self {
+            Doc::Machine { key, .. }
+            | Doc::Job { key, .. }
+            | Doc::Task { key, .. }
+            | Doc::Secret { key, .. } => key,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Doc::Machine { .. } => "Machine",
+            Doc::Job { .. } => "Job",
+            Doc::Task { .. } => "Task",
+            Doc::Secret { .. } => "Secret",
+        }
+    }
+}
+
 /// Check one document of the BMC family.
 pub fn parse(mut doc: Value) -> Result<Doc, FieldError> {
     let api = doc
@@ -249,7 +315,7 @@ pub fn parse(mut doc: Value) -> Result<Doc, FieldError> {
         .to_string();
     match (api.as_str(), kind.as_str()) {
         ("v1", "Secret") => {
-            let key = key_of(&mut doc)?;
+            let key = crate::hardware::object_key(&mut doc)?;
             let get = |k: &str| -> Result<Option<String>, FieldError> {
                 if let Some(v) = doc.pointer(&format!("/stringData/{k}")) {
                     return v.as_str().map(|s| Some(s.to_string())).ok_or_else(|| {
@@ -270,21 +336,21 @@ pub fn parse(mut doc: Value) -> Result<Doc, FieldError> {
             })
         }
         (API_VERSION, "Machine") => {
-            let key = key_of(&mut doc)?;
+            let key = crate::hardware::object_key(&mut doc)?;
             let spec: MachineSpec = typed(doc.get("spec").unwrap_or(&Value::Null), "spec")?;
-            if spec.connection.host.trim().is_empty() {
-                return Err(FieldError::new("spec.connection.host", "required"));
-            }
+            spec.connection
+                .address()
+                .map_err(|m| FieldError::new("spec.connection.host", m))?;
             Ok(Doc::Machine { key, doc, spec })
         }
         (API_VERSION, "Job") => {
-            let key = key_of(&mut doc)?;
+            let key = crate::hardware::object_key(&mut doc)?;
             let spec: JobSpec = typed(doc.get("spec").unwrap_or(&Value::Null), "spec")?;
             check_tasks(&spec.tasks, "spec.tasks")?;
             Ok(Doc::Job { key, doc, spec })
         }
         (API_VERSION, "Task") => {
-            let key = key_of(&mut doc)?;
+            let key = crate::hardware::object_key(&mut doc)?;
             let connection: Connection = typed(
                 doc.pointer("/spec/connection").unwrap_or(&Value::Null),
                 "spec.connection",
@@ -293,6 +359,9 @@ pub fn parse(mut doc: Value) -> Result<Doc, FieldError> {
                 doc.pointer("/spec/task").unwrap_or(&Value::Null),
                 "spec.task",
             )?;
+            connection
+                .address()
+                .map_err(|m| FieldError::new("spec.connection.host", m))?;
             check_tasks(std::slice::from_ref(&action), "spec.task")?;
             Ok(Doc::Task {
                 key,
@@ -416,5 +485,92 @@ mod tests {
                 .field,
             "apiVersion"
         );
+    }
+
+    #[test]
+    fn bmc_addresses() {
+        let addr = |h: &str| {
+            let c = Connection {
+                host: h.into(),
+                port: None,
+                auth_secret_ref: None,
+                insecure_tls: false,
+                provider_options: None,
+            };
+            c.address().map(|a| (a.host, a.port, a.plain_http, a.url))
+        };
+        let s = |h: &str| h.to_string();
+        assert_eq!(addr("10.0.0.5"), Ok((s("10.0.0.5"), None, false, false)));
+        assert_eq!(addr("fd00::5"), Ok((s("fd00::5"), None, false, false)));
+        assert_eq!(addr("[fd00::5]"), Ok((s("fd00::5"), None, false, false)));
+        assert_eq!(
+            addr("[fd00::5]:6230"),
+            Ok((s("fd00::5"), Some(6230), false, false))
+        );
+        assert_eq!(
+            addr("10.0.0.5:6230"),
+            Ok((s("10.0.0.5"), Some(6230), false, false))
+        );
+        assert_eq!(addr("bmc-1.lab"), Ok((s("bmc-1.lab"), None, false, false)));
+        assert_eq!(
+            addr("http://[fd00::5]:8000"),
+            Ok((s("fd00::5"), Some(8000), true, true))
+        );
+        assert_eq!(
+            addr("https://[fd00::5]/"),
+            Ok((s("fd00::5"), None, false, true))
+        );
+        assert_eq!(
+            addr("http://127.0.0.1:8000"),
+            Ok((s("127.0.0.1"), Some(8000), true, true))
+        );
+        for bad in [
+            "",
+            "ftp://x",
+            "http://h:8000/redfish",
+            "http://u:p@h",
+            "h:99999",
+            "[fd00::5",
+        ] {
+            assert!(addr(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// Every kind's name and namespace follow the Kubernetes rules that
+    /// Hardware enforces.
+    #[test]
+    fn names_and_namespaces_are_checked_for_every_kind() {
+        let docs = [
+            "apiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Machine\nmetadata: {META}\nspec:\n  connection: {host: h}\n",
+            "apiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Job\nmetadata: {META}\nspec:\n  machineRef: {name: m}\n  tasks:\n  - powerAction: \"on\"\n",
+            "apiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Task\nmetadata: {META}\nspec:\n  connection: {host: h}\n  task: {powerAction: \"on\"}\n",
+            "apiVersion: v1\nkind: Secret\nmetadata: {META}\nstringData: {username: u, password: p}\n",
+        ];
+        for d in docs {
+            let with = |meta: &str| one(&d.replace("META", meta));
+            assert!(with("name: good-1").is_ok(), "{d}");
+            assert_eq!(
+                with("name: Bad_Name..").unwrap_err().field,
+                "metadata.name",
+                "{d}"
+            );
+            assert_eq!(
+                with("name: x, namespace: \"NOT VALID/ns\"")
+                    .unwrap_err()
+                    .field,
+                "metadata.namespace",
+                "{d}"
+            );
+            assert_eq!(
+                with("name: \"\"").unwrap_err().field,
+                "metadata.name",
+                "{d}"
+            );
+            assert_eq!(
+                with("namespace: a").unwrap_err().field,
+                "metadata.name",
+                "{d}"
+            );
+        }
     }
 }

@@ -6,8 +6,8 @@
 pub mod bmc;
 
 use crate::config::{Config, Sources};
+use crate::events::EventRow;
 use crate::hardware::{self, Mac};
-use crate::store::EventRow;
 use anyhow::{Context, anyhow, bail};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};

@@ -8,8 +8,8 @@
 
 pub mod server;
 
-use crate::hardware::spec::{Dhcp as HwDhcp, Interface};
-use crate::hardware::{Key, Mac, Machine};
+use crate::events::Kind;
+use crate::hardware::{Interface, Key, Mac, Machine};
 use crate::inventory::Snapshot;
 use dhcproto::v4::relay::{RelayCode, RelayInfo};
 use dhcproto::v4::{
@@ -17,7 +17,7 @@ use dhcproto::v4::{
 };
 use dhcproto::{Encodable, Encoder};
 use serde::{Deserialize, Serialize};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
 
 pub const SERVER_PORT: u16 = 67;
@@ -64,6 +64,55 @@ pub enum Port {
     Proxy,
 }
 
+/// Why a request got no answer: a metric label (`as_str`) and the
+/// `no_boot` field of a lease given without boot information.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ignore {
+    Off,
+    NotRequest,
+    NotEthernet,
+    NoMessageType,
+    ProxyPortInReservationMode,
+    UnknownMac,
+    DhcpDisabled,
+    NoIpv4Reservation,
+    OtherServer,
+    UnexpectedMessageType,
+    NotNetboot,
+    NotForProxy,
+    PxeNotAllowed,
+    UnsupportedArch,
+    // Set by the socket shell, not by [`respond`].
+    Malformed,
+    EncodeFailed,
+    SendFailed,
+}
+
+impl Ignore {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ignore::Off => "off",
+            Ignore::NotRequest => "not_request",
+            Ignore::NotEthernet => "not_ethernet",
+            Ignore::NoMessageType => "no_message_type",
+            Ignore::ProxyPortInReservationMode => "proxy_port_in_reservation_mode",
+            Ignore::UnknownMac => "unknown_mac",
+            Ignore::DhcpDisabled => "dhcp_disabled",
+            Ignore::NoIpv4Reservation => "no_ipv4_reservation",
+            Ignore::OtherServer => "other_server",
+            Ignore::UnexpectedMessageType => "unexpected_message_type",
+            Ignore::NotNetboot => "not_netboot",
+            Ignore::NotForProxy => "not_for_proxy",
+            Ignore::PxeNotAllowed => "pxe_not_allowed",
+            Ignore::UnsupportedArch => "unsupported_arch",
+            Ignore::Malformed => "malformed",
+            Ignore::EncodeFailed => "encode_failed",
+            Ignore::SendFailed => "send_failed",
+        }
+    }
+}
+
 /// What the reply function needs besides the request and the inventory.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -95,7 +144,7 @@ pub enum Dest {
 pub struct Reply {
     pub msg: Message,
     pub dest: Dest,
-    pub kind: &'static str,
+    pub kind: Kind,
     pub machine: Option<Key>,
     pub mac: Mac,
     pub fields: Fields,
@@ -111,7 +160,7 @@ pub enum Fields {
     Lease {
         ip: Ipv4Addr,
         boot_file: Option<String>,
-        no_boot: Option<&'static str>,
+        no_boot: Option<Ignore>,
         arch: Option<u16>,
         ipxe: bool,
         relay: Option<RelayFields>,
@@ -164,10 +213,10 @@ impl Serialize for Xid {
 pub enum Outcome {
     Reply(Box<Reply>),
     /// Not answered; the reason is a metric label.
-    Ignore(&'static str),
+    Ignore(Ignore),
     /// RELEASE/DECLINE: nothing to send, but the machine's log hears of it.
     Note {
-        kind: &'static str,
+        kind: Kind,
         machine: Key,
         mac: Mac,
         message: String,
@@ -195,21 +244,21 @@ impl Client {
     }
 }
 
-fn client_of(req: &Message) -> Result<Client, &'static str> {
+fn client_of(req: &Message) -> Result<Client, Ignore> {
     if req.opcode() != Opcode::BootRequest {
-        return Err("not_request");
+        return Err(Ignore::NotRequest);
     }
     if req.htype() != HType::Eth || req.hlen() != 6 {
-        return Err("not_ethernet");
+        return Err(Ignore::NotEthernet);
     }
     let mac = Mac(req
         .chaddr()
         .get(..6)
         .and_then(|c| c.try_into().ok())
-        .ok_or("not_ethernet")?);
+        .ok_or(Ignore::NotEthernet)?);
     let msg_type = match req.opts().get(OptionCode::MessageType) {
         Some(DhcpOption::MessageType(t)) => *t,
-        _ => return Err("no_message_type"),
+        _ => return Err(Ignore::NoMessageType),
     };
     let class = match req.opts().get(OptionCode::ClassIdentifier) {
         Some(DhcpOption::ClassIdentifier(c)) => c.as_slice(),
@@ -234,6 +283,30 @@ fn client_of(req: &Message) -> Result<Client, &'static str> {
     })
 }
 
+/// The firmware a client runs, from option 93 (RFC 4578 and IANA's
+/// processor architecture types): what picks the iPXE binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientFirmware {
+    /// 0: x86 BIOS.
+    Bios,
+    /// 6, 7, 9 (IA32, EFI BC, x86-64 UEFI) and 15, 16 (their HTTP boot).
+    EfiX86,
+    /// 11 and 19 (ARM 64-bit UEFI, and its HTTP boot).
+    EfiArm64,
+    Other(u16),
+}
+
+impl From<u16> for ClientFirmware {
+    fn from(arch: u16) -> Self {
+        match arch {
+            0 => ClientFirmware::Bios,
+            6 | 7 | 9 | 15 | 16 => ClientFirmware::EfiX86,
+            11 | 19 => ClientFirmware::EfiArm64,
+            other => ClientFirmware::Other(other),
+        }
+    }
+}
+
 /// The boot file for a client, and whether it is an HTTP-boot answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Boot {
@@ -241,12 +314,12 @@ pub struct Boot {
     pub http_client: bool,
 }
 
-/// The iPXE binary for an architecture (RFC 4578 option 93 values).
-pub fn binary_for(arch: u16, s: &Settings) -> Option<&str> {
-    match arch {
-        0 => Some("undionly.kpxe"),
-        6 | 7 | 9 | 15 | 16 => Some(&s.efi_binary),
-        11 | 19 if s.arm64_binary => Some("snp-arm64.efi"),
+/// The iPXE binary for a client's firmware.
+pub fn binary_for(fw: ClientFirmware, s: &Settings) -> Option<&str> {
+    match fw {
+        ClientFirmware::Bios => Some("undionly.kpxe"),
+        ClientFirmware::EfiX86 => Some(&s.efi_binary),
+        ClientFirmware::EfiArm64 if s.arm64_binary => Some("snp-arm64.efi"),
         _ => None,
     }
 }
@@ -257,29 +330,24 @@ pub fn script_url(s: &Settings, mac: Mac) -> String {
 
 /// Smee's decision table: iPXE gets its script URL, HTTP-boot firmware an
 /// http:// binary, PXE firmware a TFTP file name.
-pub fn boot_for(c: &Client, iface: Option<&Interface>, s: &Settings) -> Result<Boot, &'static str> {
-    let netboot = iface.and_then(|i| i.netboot.as_ref());
-    if iface.is_some() && netboot.and_then(|n| n.allow_pxe) != Some(true) {
-        return Err("pxe_not_allowed");
+pub fn boot_for(c: &Client, iface: Option<&Interface>, s: &Settings) -> Result<Boot, Ignore> {
+    if iface.is_some_and(|i| !i.allow_pxe) {
+        return Err(Ignore::PxeNotAllowed);
     }
-    let ipxe = netboot.and_then(|n| n.ipxe.as_ref());
+    let extra = iface.map(Interface::extra);
     if c.ipxe {
-        let url = ipxe
-            .and_then(|i| i.url.clone())
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| script_url(s, c.mac));
+        let url = match extra.and_then(|e| e.ipxe_url.as_deref()) {
+            Some(u) => u.to_string(),
+            None => script_url(s, c.mac),
+        };
         return Ok(Boot {
             file: url,
             http_client: false,
         });
     }
-    let arch = c.arch.unwrap_or(0);
-    let chosen = ipxe
-        .and_then(|i| i.binary.as_deref())
-        .filter(|b| !b.is_empty());
-    let binary = match chosen {
+    let binary = match extra.and_then(|e| e.ipxe_binary.as_deref()) {
         Some(b) => b,
-        None => binary_for(arch, s).ok_or("unsupported_arch")?,
+        None => binary_for(c.arch.unwrap_or(0).into(), s).ok_or(Ignore::UnsupportedArch)?,
     };
     if c.http {
         Ok(Boot {
@@ -296,54 +364,28 @@ pub fn boot_for(c: &Client, iface: Option<&Interface>, s: &Settings) -> Result<B
 
 /// Answer one request. Pure: no I/O, no clock.
 pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outcome {
-    // The typed view, parsed from the compact record: this reply needs it.
-    respond_with(req, port, s, |mac| {
-        snap.by_mac(mac).map(|r| r.dhcp_machine())
-    })
-}
-
-/// [`respond`] with the machine found by `lookup` (the server caches the
-/// typed views it parsed). Pure as long as `lookup` is.
-pub fn respond_with<M: std::borrow::Borrow<Machine>>(
-    req: &Message,
-    port: Port,
-    s: &Settings,
-    lookup: impl FnOnce(&Mac) -> Option<M>,
-) -> Outcome {
     if s.mode == Mode::Off {
-        return Outcome::Ignore("off");
+        return Outcome::Ignore(Ignore::Off);
     }
     let c = match client_of(req) {
         Ok(c) => c,
         Err(why) => return Outcome::Ignore(why),
     };
-    let found = lookup(&c.mac);
-    let machine: Option<&Machine> = found.as_ref().map(|m| m.borrow());
+    let found = snap.by_mac(&c.mac).map(|(m, i)| (&**m, i));
     if s.mode.is_proxy() {
-        return proxy(req, port, &c, machine, s);
+        return proxy(req, port, &c, found, s);
     }
     if port == Port::Proxy {
-        return Outcome::Ignore("proxy_port_in_reservation_mode");
+        return Outcome::Ignore(Ignore::ProxyPortInReservationMode);
     }
-    let Some(m) = machine else {
-        return Outcome::Ignore("unknown_mac");
-    };
-    let Some(iface) = m.interface(c.mac) else {
-        return Outcome::Ignore("unknown_mac");
+    let Some((m, iface)) = found else {
+        return Outcome::Ignore(Ignore::UnknownMac);
     };
     if iface.disable_dhcp {
-        return Outcome::Ignore("dhcp_disabled");
+        return Outcome::Ignore(Ignore::DhcpDisabled);
     }
-    let Some(dhcp) = iface.dhcp.as_ref() else {
-        return Outcome::Ignore("unknown_mac");
-    };
-    let reserved: Option<Ipv4Addr> = dhcp
-        .ip
-        .as_ref()
-        .and_then(|ip| ip.address.as_deref())
-        .and_then(|a| a.trim().parse().ok());
-    let Some(ip) = reserved else {
-        return Outcome::Ignore("no_ipv4_reservation");
+    let Some(ip) = iface.ipv4() else {
+        return Outcome::Ignore(Ignore::NoIpv4Reservation);
     };
     let key = m.key.clone();
     let server_id = match req.opts().get(OptionCode::ServerIdentifier) {
@@ -355,23 +397,23 @@ pub fn respond_with<M: std::borrow::Borrow<Machine>>(
         _ => None,
     };
     let (reply_type, kind) = match c.msg_type {
-        MessageType::Discover => (MessageType::Offer, "dhcp.offer"),
+        MessageType::Discover => (MessageType::Offer, Kind::DhcpOffer),
         MessageType::Request => {
             if server_id.is_some_and(|id| id != s.server_ip) {
                 // RFC 2131 4.3.2: the client chose another server's offer.
-                return Outcome::Ignore("other_server");
+                return Outcome::Ignore(Ignore::OtherServer);
             }
             let asked = requested.or_else(|| Some(req.ciaddr()).filter(|a| !a.is_unspecified()));
             match asked {
-                Some(a) if a == ip => (MessageType::Ack, "dhcp.ack"),
+                Some(a) if a == ip => (MessageType::Ack, Kind::DhcpAck),
                 Some(a) => return nak(req, &c, key, format!("requested {a}, reserved {ip}"), s),
                 None => return nak(req, &c, key, "request names no address".into(), s),
             }
         }
-        MessageType::Inform => (MessageType::Ack, "dhcp.inform"),
+        MessageType::Inform => (MessageType::Ack, Kind::DhcpInform),
         MessageType::Release => {
             return Outcome::Note {
-                kind: "dhcp.release",
+                kind: Kind::DhcpRelease,
                 machine: key,
                 mac: c.mac,
                 message: format!("DHCPRELEASE of {}", req.ciaddr()),
@@ -379,7 +421,7 @@ pub fn respond_with<M: std::borrow::Borrow<Machine>>(
         }
         MessageType::Decline => {
             return Outcome::Note {
-                kind: "dhcp.decline",
+                kind: Kind::DhcpDecline,
                 machine: key,
                 mac: c.mac,
                 message: format!(
@@ -388,7 +430,7 @@ pub fn respond_with<M: std::borrow::Borrow<Machine>>(
                 ),
             };
         }
-        _ => return Outcome::Ignore("unexpected_message_type"),
+        _ => return Outcome::Ignore(Ignore::UnexpectedMessageType),
     };
 
     let mut msg = reply_base(req, reply_type, s);
@@ -398,19 +440,16 @@ pub fn respond_with<M: std::borrow::Borrow<Machine>>(
     }
     let mut opts = Opts::new(req);
     if !inform {
-        let lease = dhcp
-            .lease_time
-            .map(|l| l.clamp(60, u32::MAX as i64) as u32)
-            .unwrap_or(DEFAULT_LEASE);
+        let lease = iface.lease_time.unwrap_or(DEFAULT_LEASE);
         opts.core(DhcpOption::AddressLeaseTime(lease));
         opts.core(DhcpOption::Renewal(lease / 2));
         opts.core(DhcpOption::Rebinding(lease / 8 * 7));
     }
-    address_options(&mut opts, dhcp, ip);
+    address_options(&mut opts, iface, ip);
     let boot = if c.netboot() {
         boot_for(&c, Some(iface), s)
     } else {
-        Err("not_netboot")
+        Err(Ignore::NotNetboot)
     };
     if let Ok(b) = &boot {
         boot_options(&mut msg, &mut opts, &c, b, req, s);
@@ -455,7 +494,7 @@ fn nak(req: &Message, c: &Client, key: Key, why: String, s: &Settings) -> Outcom
     Outcome::Reply(Box::new(Reply {
         msg,
         dest,
-        kind: "dhcp.nak",
+        kind: Kind::DhcpNak,
         machine: Some(key),
         mac: c.mac,
         fields: Fields::Nak {
@@ -468,25 +507,31 @@ fn nak(req: &Message, c: &Client, key: Key, why: String, s: &Settings) -> Outcom
 }
 
 /// Proxy modes: boot information only, never an address (PXE 2.1 2.2.1).
-fn proxy(req: &Message, port: Port, c: &Client, m: Option<&Machine>, s: &Settings) -> Outcome {
+fn proxy(
+    req: &Message,
+    port: Port,
+    c: &Client,
+    found: Option<(&Machine, &Interface)>,
+    s: &Settings,
+) -> Outcome {
     if !c.netboot() {
-        return Outcome::Ignore("not_netboot");
+        return Outcome::Ignore(Ignore::NotNetboot);
     }
-    let iface = m.and_then(|m| m.interface(c.mac));
-    if s.mode == Mode::Proxy && iface.is_none() {
-        return Outcome::Ignore("unknown_mac");
+    if s.mode == Mode::Proxy && found.is_none() {
+        return Outcome::Ignore(Ignore::UnknownMac);
     }
+    let iface = found.map(|(_, i)| i);
     let kind = match (port, c.msg_type) {
-        (Port::Dhcp, MessageType::Discover) => "dhcp.proxy_offer",
-        (Port::Proxy, MessageType::Request) => "dhcp.proxy_ack",
+        (Port::Dhcp, MessageType::Discover) => Kind::DhcpProxyOffer,
+        (Port::Proxy, MessageType::Request) => Kind::DhcpProxyAck,
         // A REQUEST on port 67 is for the real DHCP server.
-        _ => return Outcome::Ignore("not_for_proxy"),
+        _ => return Outcome::Ignore(Ignore::NotForProxy),
     };
     let boot = match boot_for(c, iface, s) {
         Ok(b) => b,
         Err(why) => return Outcome::Ignore(why),
     };
-    let reply_type = if kind == "dhcp.proxy_offer" {
+    let reply_type = if kind == Kind::DhcpProxyOffer {
         MessageType::Offer
     } else {
         MessageType::Ack
@@ -509,7 +554,7 @@ fn proxy(req: &Message, port: Port, c: &Client, m: Option<&Machine>, s: &Setting
         req,
         c,
         kind,
-        m.map(|m| m.key.clone()),
+        found.map(|(m, _)| m.key.clone()),
         fields,
         port,
     )
@@ -530,60 +575,45 @@ fn reply_base(req: &Message, t: MessageType, s: &Settings) -> Message {
     msg
 }
 
-fn address_options(opts: &mut Opts, d: &HwDhcp, ip: Ipv4Addr) {
-    let ipcfg = d.ip.as_ref();
-    let mask: Option<Ipv4Addr> = ipcfg
-        .and_then(|i| i.netmask.as_deref())
-        .and_then(|m| m.trim().parse().ok());
-    if let Some(mask) = mask {
+fn address_options(opts: &mut Opts, i: &Interface, ip: Ipv4Addr) {
+    if let Some(mask) = i.netmask {
         opts.core(DhcpOption::SubnetMask(mask));
         let bcast = Ipv4Addr::from(u32::from(ip) | !u32::from(mask));
         opts.requested(DhcpOption::BroadcastAddr(bcast));
     }
-    if let Some(gw) = ipcfg
-        .and_then(|i| i.gateway.as_deref())
-        .and_then(|g| g.trim().parse::<Ipv4Addr>().ok())
-    {
+    if let Some(IpAddr::V4(gw)) = i.gateway {
         opts.core(DhcpOption::Router(vec![gw]));
     }
-    let dns: Vec<Ipv4Addr> = d
-        .name_servers
-        .iter()
-        .filter_map(|n| n.parse().ok())
-        .collect();
+    let dns = v4_only(&i.name_servers);
     if !dns.is_empty() {
         opts.core(DhcpOption::DomainNameServer(dns));
     }
-    if let Some(h) = d.hostname.as_deref().filter(|h| !h.is_empty()) {
+    if let Some(h) = i.hostname.as_deref() {
         opts.requested(DhcpOption::Hostname(h.to_string()));
     }
-    if let Some(dn) = d.domain_name.as_deref().filter(|d| !d.is_empty()) {
+    let extra = i.extra();
+    if let Some(dn) = extra.domain_name.as_deref() {
         opts.requested(DhcpOption::DomainName(dn.to_string()));
         if let Ok(name) = dhcproto::Name::from_str(dn) {
             opts.requested(DhcpOption::DomainSearch(vec![name]));
         }
     }
-    let ntp: Vec<Ipv4Addr> = d
-        .time_servers
-        .iter()
-        .filter_map(|n| n.parse().ok())
-        .collect();
+    let ntp = v4_only(&extra.time_servers);
     if !ntp.is_empty() {
         opts.requested(DhcpOption::NtpServers(ntp));
     }
-    let routes: Vec<(ipnet::Ipv4Net, Ipv4Addr)> = d
-        .classless_static_routes
-        .iter()
-        .filter_map(|r| {
-            Some((
-                r.destination_descriptor.parse().ok()?,
-                r.router.parse().ok()?,
-            ))
-        })
-        .collect();
-    if !routes.is_empty() {
-        opts.requested(DhcpOption::ClasslessStaticRoute(routes));
+    if !extra.routes.is_empty() {
+        opts.requested(DhcpOption::ClasslessStaticRoute(extra.routes.to_vec()));
     }
+}
+
+fn v4_only(list: &[IpAddr]) -> Vec<Ipv4Addr> {
+    list.iter()
+        .filter_map(|a| match a {
+            IpAddr::V4(a) => Some(*a),
+            IpAddr::V6(_) => None,
+        })
+        .collect()
 }
 
 fn boot_options(
@@ -682,7 +712,7 @@ fn finish(
     o: Opts,
     req: &Message,
     c: &Client,
-    kind: &'static str,
+    kind: Kind,
     machine: Option<Key>,
     fields: Fields,
     port: Port,

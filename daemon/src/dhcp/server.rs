@@ -11,15 +11,13 @@
 //! and the answer could wait behind whatever task shared its worker
 //! (measured: BENCHMARKS.md).
 
-use super::{Dest, Outcome, Port, Settings, respond_with};
+use super::{Dest, Ignore, Outcome, Port, Settings, respond};
 use crate::events::{Event, EventSink};
-use crate::hardware::{Mac, Machine, Record};
 use crate::inventory::Inventory;
 use crate::metrics::Metrics;
 use dhcproto::v4::{DhcpOption, MessageType, OptionCode};
 use nix::sys::socket::{self, ControlMessage, MsgFlags, SockaddrIn, sockopt};
 use socket2::{Domain, Protocol, Socket, Type};
-use std::cell::RefCell;
 use std::io::{self, IoSlice};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -130,7 +128,7 @@ impl Shell {
         port: Port,
     ) -> bool {
         let Some(req) = super::decode(data) else {
-            self.metrics.dhcp_ignored("malformed");
+            self.metrics.dhcp_ignored(Ignore::Malformed.as_str());
             tracing::debug!(%src, len = data.len(), "dhcp: malformed packet");
             return false;
         };
@@ -141,11 +139,10 @@ impl Shell {
         self.metrics
             .dhcp_request(req_type, self.settings.mode.as_str());
         let snap = self.inventory.snapshot();
-        let lookup = |mac: &Mac| snap.by_mac(mac).map(machine_of);
-        match respond_with(&req, port, &self.settings, lookup) {
+        match respond(&req, port, &snap, &self.settings) {
             Outcome::Ignore(why) => {
-                self.metrics.dhcp_ignored(why);
-                tracing::debug!(%src, reason = why, "dhcp: not answered");
+                self.metrics.dhcp_ignored(why.as_str());
+                tracing::debug!(%src, reason = why.as_str(), "dhcp: not answered");
                 false
             }
             Outcome::Note {
@@ -182,20 +179,24 @@ impl Shell {
                 let bytes = match encoded {
                     Ok(b) => b,
                     Err(e) => {
-                        self.metrics.dhcp_ignored("encode_failed");
+                        self.metrics.dhcp_ignored(Ignore::EncodeFailed.as_str());
                         tracing::error!(error = %e, mac = %r.mac, "dhcp: cannot encode reply");
                         return false;
                     }
                 };
                 if let Err(e) = send(sock, &bytes, to, via) {
-                    self.metrics.dhcp_ignored("send_failed");
+                    self.metrics.dhcp_ignored(Ignore::SendFailed.as_str());
                     tracing::warn!(error = %e, %to, "dhcp: send failed");
                     return false;
                 }
-                self.metrics.dhcp_reply(r.kind, self.settings.mode.as_str());
-                let mut e = Event::new(r.kind, reply_message(r.kind, to, r.fields.boot_file()))
-                    .mac(r.mac)
-                    .fields(&r.fields);
+                self.metrics
+                    .dhcp_reply(r.kind.as_str(), self.settings.mode.as_str());
+                let mut e = Event::new(
+                    r.kind,
+                    reply_message(r.kind.as_str(), to, r.fields.boot_file()),
+                )
+                .mac(r.mac)
+                .fields(&r.fields);
                 if !r.msg.yiaddr().is_unspecified() {
                     e = e.ip(std::net::IpAddr::V4(r.msg.yiaddr()));
                 }
@@ -207,44 +208,6 @@ impl Shell {
             }
         }
     }
-}
-
-/// Slots in each thread's cache of typed machines (a power of two).
-const CACHE_SLOTS: usize = 1024;
-
-type Cached = Option<(Arc<Record>, Arc<Machine>)>;
-
-thread_local! {
-    /// Typed views recently parsed, direct-mapped by MAC: a DISCOVER's
-    /// machine is asked for again by its REQUEST moments later (on the
-    /// same thread, unless another of the socket's threads took it). An
-    /// entry holds the record it was parsed from and is used only for that very
-    /// record (`Arc::ptr_eq`), so an inventory change is never missed: the
-    /// held `Arc` keeps the address from being reused by another record.
-    static CACHE: RefCell<Vec<Cached>> = const { RefCell::new(Vec::new()) };
-}
-
-/// The typed view of a record, parsed once while it stays in the cache.
-fn machine_of(r: &Arc<Record>) -> Arc<Machine> {
-    CACHE.with_borrow_mut(|cache| {
-        if cache.is_empty() {
-            cache.resize(CACHE_SLOTS, None);
-        }
-        let mac = r.macs().next().map(|m| m.0).unwrap_or_default();
-        let h = u64::from_le_bytes([mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], 0, 0])
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let slot = (h >> 54) as usize % CACHE_SLOTS;
-        if let Some(Some((rec, m))) = cache.get(slot)
-            && Arc::ptr_eq(rec, r)
-        {
-            return m.clone();
-        }
-        let m = Arc::new(r.dhcp_machine());
-        if let Some(s) = cache.get_mut(slot) {
-            *s = Some((r.clone(), m.clone()));
-        }
-        m
-    })
 }
 
 // std's UdpSocket has no sendmsg with control messages; nix's safe wrapper has.

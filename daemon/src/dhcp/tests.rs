@@ -144,7 +144,7 @@ fn same_wire(r: &Reply) {
 
 fn ignored(o: Outcome) -> &'static str {
     match o {
-        Outcome::Ignore(why) => why,
+        Outcome::Ignore(why) => why.as_str(),
         other => panic!("expected no reply, got {other:?}"),
     }
 }
@@ -170,7 +170,7 @@ fn ovmf_pxe_gets_address_and_ipxe_efi_over_tftp() {
     ));
     let m = &r.msg;
     assert_eq!(msg_type(m), MessageType::Offer);
-    assert_eq!(r.kind, "dhcp.offer");
+    assert_eq!(r.kind.as_str(), "dhcp.offer");
     assert_eq!(m.opcode(), Opcode::BootReply);
     assert_eq!(m.xid(), 0x1234_5678);
     assert_eq!(m.yiaddr().to_string(), "10.99.0.11");
@@ -277,7 +277,7 @@ fn ipxe_gets_its_script_url_and_no_proxy_wait() {
         &settings(Mode::Reservation),
     ));
     assert_eq!(msg_type(&r.msg), MessageType::Ack);
-    assert_eq!(r.kind, "dhcp.ack");
+    assert_eq!(r.kind.as_str(), "dhcp.ack");
     assert_eq!(r.msg.yiaddr().to_string(), "10.99.0.11");
 }
 
@@ -466,7 +466,7 @@ fn request_ack_nak_and_other_servers() {
         &s,
     ));
     assert_eq!(msg_type(&r.msg), MessageType::Nak);
-    assert_eq!(r.kind, "dhcp.nak");
+    assert_eq!(r.kind.as_str(), "dhcp.nak");
     assert_eq!(r.msg.yiaddr(), Ipv4Addr::UNSPECIFIED);
     assert_eq!(r.dest, Dest::Broadcast);
     assert_eq!(
@@ -516,7 +516,7 @@ fn inform_release_decline() {
     p.set_ciaddr("10.99.0.11".parse::<Ipv4Addr>().unwrap());
     let r = reply(respond(&p, Port::Dhcp, &snap, &s));
     assert_eq!(msg_type(&r.msg), MessageType::Ack);
-    assert_eq!(r.kind, "dhcp.inform");
+    assert_eq!(r.kind.as_str(), "dhcp.inform");
     assert_eq!(
         r.msg.yiaddr(),
         Ipv4Addr::UNSPECIFIED,
@@ -535,7 +535,7 @@ fn inform_release_decline() {
             Outcome::Note {
                 kind: k, machine, ..
             } => {
-                assert_eq!(k, kind);
+                assert_eq!(k.as_str(), kind);
                 assert_eq!(machine.name, "lab-1");
             }
             other => panic!("{other:?}"),
@@ -663,7 +663,7 @@ fn proxy_modes_give_boot_information_only() {
     let snap = snapshot();
     let proxy = settings(Mode::Proxy);
     let r = reply(respond(&ovmf(KNOWN), Port::Dhcp, &snap, &proxy));
-    assert_eq!(r.kind, "dhcp.proxy_offer");
+    assert_eq!(r.kind.as_str(), "dhcp.proxy_offer");
     assert_eq!(msg_type(&r.msg), MessageType::Offer);
     assert_eq!(r.msg.yiaddr(), Ipv4Addr::UNSPECIFIED, "never an address");
     assert!(opt(&r.msg, C::AddressLeaseTime).is_none() && opt(&r.msg, C::SubnetMask).is_none());
@@ -710,7 +710,7 @@ fn proxy_modes_give_boot_information_only() {
     p.opts_mut().insert(O::MessageType(MessageType::Request));
     p.set_ciaddr("10.99.0.77".parse::<Ipv4Addr>().unwrap());
     let r = reply(respond(&p, Port::Proxy, &snap, &proxy));
-    assert_eq!(r.kind, "dhcp.proxy_ack");
+    assert_eq!(r.kind.as_str(), "dhcp.proxy_ack");
     assert_eq!(msg_type(&r.msg), MessageType::Ack);
     assert_eq!(r.dest, Dest::Source);
     // A REQUEST on port 67 is for the real server.

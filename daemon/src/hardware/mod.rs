@@ -5,17 +5,18 @@
 //! unchanged, fields tinkerbox does not model included; the typed
 //! [`HardwareSpec`] is a checked view of it.
 
+pub mod documents;
 pub mod mac;
-pub mod record;
 pub mod spec;
+pub mod view;
 
+pub use documents::{Located, expand_lists, parse_documents, parse_located};
 pub use mac::Mac;
-pub use record::Record;
 pub use spec::HardwareSpec;
+pub use view::{Firmware, Interface, Machine};
 
 use serde_json::{Map, Value};
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
 
 pub const API_VERSION: &str = "tinkerbell.org/v1alpha1";
 pub const KIND: &str = "Hardware";
@@ -44,12 +45,26 @@ impl fmt::Display for Key {
 }
 
 /// An input problem, with the path of the offending field
-/// (`spec.interfaces[0].dhcp.mac`) so API clients can point at it.
+/// (`spec.interfaces[0].dhcp.mac`) so API clients can point at it, and
+/// for a document of a stream, where it is (`document 3 (line 41)`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
 pub struct FieldError {
     pub field: String,
     pub message: String,
+    pub place: Option<String>,
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(p) = &self.place {
+            write!(f, "{p}: ")?;
+        }
+        if self.field.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
 }
 
 impl FieldError {
@@ -57,7 +72,14 @@ impl FieldError {
         FieldError {
             field: field.into(),
             message: message.into(),
+            place: None,
         }
+    }
+
+    /// Document `index` of a stream, starting at `line` (0: unknown).
+    pub fn at_document(mut self, index: usize, line: u64) -> Self {
+        self.place = Some(documents::place(index, (line > 0).then_some(line)));
+        self.within(&format!("[{index}]"))
     }
 
     /// Prefix the path, e.g. with the document's index in a multi-document file.
@@ -74,75 +96,42 @@ impl FieldError {
 }
 
 /// A validated Hardware: the document as it will be stored (MACs
-/// normalised, namespace filled in) and its typed machine view.
+/// normalised, namespace filled in) and its typed view.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hardware {
     pub doc: Value,
     pub machine: Machine,
 }
 
-/// A Hardware's typed view: its identity, spec and the keys it is found
-/// by. The inventory keeps each as a compact [`Record`] and gives this view
-/// back on demand ([`Record::machine`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Machine {
-    pub key: Key,
-    pub spec: HardwareSpec,
-    pub macs: Vec<Mac>,
-    pub ips: Vec<IpAddr>,
-}
-
-impl Machine {
-    /// The interface with this MAC: what DHCP, TFTP and iPXE ask first.
-    pub fn interface(&self, mac: Mac) -> Option<&spec::Interface> {
-        self.spec.interfaces.iter().find(|i| {
-            i.dhcp
-                .as_ref()
-                .and_then(|d| d.mac.as_deref())
-                .and_then(|x| x.parse::<Mac>().ok())
-                == Some(mac)
-        })
-    }
-}
-
-/// Split a YAML or JSON stream into documents, the way `kubectl apply -f`
-/// reads a file: `---`-separated documents, a top-level YAML list (the format
-/// of Tinkerbell's file backend), or a `kind: List`/`HardwareList` with `items`.
-pub fn parse_documents(text: &str) -> Result<Vec<Value>, FieldError> {
-    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| {
-        FieldError::new(
-            "",
-            format!("malformed YAML/JSON: {}", one_line(&e.to_string())),
-        )
-    })?;
-    Ok(expand_lists(docs))
-}
-
-/// Flatten top-level arrays and `kind: *List` objects into their items.
-pub fn expand_lists(docs: Vec<Value>) -> Vec<Value> {
-    let mut out = Vec::new();
-    for doc in docs {
-        match doc {
-            Value::Null => {}
-            Value::Array(items) => out.extend(items),
-            Value::Object(mut m)
-                if m.get("kind")
-                    .and_then(Value::as_str)
-                    .is_some_and(|k| k.ends_with("List"))
-                    && m.get("items").is_some_and(Value::is_array) =>
-            {
-                if let Some(Value::Array(items)) = m.remove("items") {
-                    out.extend(items);
-                }
-            }
-            other => out.push(other),
-        }
-    }
-    out
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
+/// A document's identity, checked as the Kubernetes API server checks it
+/// (name: an RFC 1123 subdomain; namespace: an RFC 1123 label, `default`
+/// when unset), for every kind tinkerbox stores. The namespace is written
+/// into the document: an object always reads back with its namespace.
+pub fn object_key(doc: &mut Value) -> Result<Key, FieldError> {
+    let obj = doc
+        .as_object_mut()
+        .ok_or_else(|| FieldError::new("", "a document must be a mapping"))?;
+    let meta = match obj
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()))
+    {
+        Value::Object(m) => m,
+        _ => return Err(FieldError::new("metadata", "must be a mapping")),
+    };
+    let name = match meta.get("name") {
+        Some(Value::String(n)) => n.clone(),
+        Some(_) => return Err(FieldError::new("metadata.name", "must be a string")),
+        None => return Err(FieldError::new("metadata.name", "required")),
+    };
+    check_dns_subdomain(&name).map_err(|m| FieldError::new("metadata.name", m))?;
+    let namespace = match meta.get("namespace") {
+        Some(Value::String(n)) => n.clone(),
+        Some(Value::Null) | None => DEFAULT_NAMESPACE.to_string(),
+        Some(_) => return Err(FieldError::new("metadata.namespace", "must be a string")),
+    };
+    check_dns_label(&namespace).map_err(|m| FieldError::new("metadata.namespace", m))?;
+    meta.insert("namespace".into(), Value::String(namespace.clone()));
+    Ok(Key { namespace, name })
 }
 
 /// Check a document and bring it to its stored form.
@@ -175,135 +164,26 @@ pub fn validate(mut doc: Value) -> Result<Hardware, FieldError> {
         }
         None => return Err(FieldError::new("kind", "required (\"Hardware\")")),
     }
-    let meta = match obj
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()))
-    {
-        Value::Object(m) => m,
-        _ => return Err(FieldError::new("metadata", "must be a mapping")),
-    };
-    let name = match meta.get("name") {
-        Some(Value::String(n)) => n.clone(),
-        Some(_) => return Err(FieldError::new("metadata.name", "must be a string")),
-        None => return Err(FieldError::new("metadata.name", "required")),
-    };
-    check_dns_subdomain(&name).map_err(|m| FieldError::new("metadata.name", m))?;
-    let namespace = match meta.get("namespace") {
-        Some(Value::String(n)) => n.clone(),
-        Some(Value::Null) | None => DEFAULT_NAMESPACE.to_string(),
-        Some(_) => return Err(FieldError::new("metadata.namespace", "must be a string")),
-    };
-    check_dns_label(&namespace).map_err(|m| FieldError::new("metadata.namespace", m))?;
-    // As the API server does: an object always reads back with its namespace.
-    meta.insert("namespace".into(), Value::String(namespace.clone()));
-
-    let spec_value = obj.get("spec").cloned().unwrap_or(Value::Null);
-    let spec: HardwareSpec = match spec_value {
-        Value::Null => HardwareSpec::default(),
-        ref v @ Value::Object(_) => serde_path_to_error::deserialize(v).map_err(|e| {
-            let path = e.path().to_string();
-            let field = if path == "." {
-                "spec".to_string()
-            } else {
-                format!("spec.{path}")
-            };
-            FieldError::new(field, e.into_inner().to_string())
-        })?,
-        _ => return Err(FieldError::new("spec", "must be a mapping")),
-    };
-
-    let mut macs = Vec::new();
-    let mut ips = Vec::new();
-    for (i, iface) in spec.interfaces.iter().enumerate() {
-        let Some(dhcp) = &iface.dhcp else { continue };
-        let at = |f: &str| format!("spec.interfaces[{i}].dhcp.{f}");
-        if let Some(m) = dhcp.mac.as_deref() {
-            let mac: Mac = m
-                .parse()
-                .map_err(|e: mac::MacError| FieldError::new(at("mac"), e.to_string()))?;
-            if macs.contains(&mac) {
-                return Err(FieldError::new(
-                    at("mac"),
-                    format!("{mac} is used by another interface of this Hardware"),
-                ));
-            }
-            macs.push(mac);
-        }
-        if let Some(ip) = &dhcp.ip {
-            if let Some(a) = non_empty(&ip.address) {
-                let addr: IpAddr = a.parse().map_err(|_| {
-                    FieldError::new(at("ip.address"), format!("invalid IP address {a:?}"))
-                })?;
-                if !ips.contains(&addr) {
-                    ips.push(addr);
-                }
-            }
-            if let Some(g) = non_empty(&ip.gateway) {
-                g.parse::<IpAddr>().map_err(|_| {
-                    FieldError::new(at("ip.gateway"), format!("invalid IP address {g:?}"))
-                })?;
-            }
-            if let Some(n) = non_empty(&ip.netmask) {
-                check_netmask(n).map_err(|m| FieldError::new(at("ip.netmask"), m))?;
-            }
-            if let Some(f) = ip.family
-                && f != 4
-                && f != 6
-            {
-                return Err(FieldError::new(
-                    at("ip.family"),
-                    format!("must be 4 or 6, got {f}"),
-                ));
-            }
-        }
-        for (j, s) in dhcp.name_servers.iter().enumerate() {
-            s.parse::<IpAddr>().map_err(|_| {
-                FieldError::new(
-                    at(&format!("name_servers[{j}]")),
-                    format!("invalid IP address {s:?}"),
-                )
+    let key = object_key(&mut doc)?;
+    // Type-check the whole spec, as the API server checks it against the
+    // CRD schema; the view reads only part of it.
+    match doc.get("spec") {
+        None | Some(Value::Null) => {}
+        Some(v @ Value::Object(_)) => {
+            serde_path_to_error::deserialize::<_, HardwareSpec>(v).map_err(|e| {
+                let path = e.path().to_string();
+                let field = if path == "." {
+                    "spec".to_string()
+                } else {
+                    format!("spec.{path}")
+                };
+                FieldError::new(field, e.into_inner().to_string())
             })?;
         }
-        for (j, s) in dhcp.time_servers.iter().enumerate() {
-            s.parse::<IpAddr>().map_err(|_| {
-                FieldError::new(
-                    at(&format!("time_servers[{j}]")),
-                    format!("invalid IP address {s:?}"),
-                )
-            })?;
-        }
-        for (j, r) in dhcp.classless_static_routes.iter().enumerate() {
-            let f = at(&format!("classless_static_routes[{j}]"));
-            check_cidr4(&r.destination_descriptor)
-                .map_err(|m| FieldError::new(format!("{f}.destination_descriptor"), m))?;
-            r.router.parse::<Ipv4Addr>().map_err(|_| {
-                FieldError::new(
-                    format!("{f}.router"),
-                    format!("invalid IPv4 address {:?}", r.router),
-                )
-            })?;
-        }
-        if let Some(v) = non_empty(&dhcp.vlan_id) {
-            check_vlan_ids(v).map_err(|m| FieldError::new(at("vlan_id"), m))?;
-        }
-        if let Some(t) = dhcp.lease_time
-            && t < 0
-        {
-            return Err(FieldError::new(
-                at("lease_time"),
-                format!("must not be negative, got {t}"),
-            ));
-        }
+        Some(_) => return Err(FieldError::new("spec", "must be a mapping")),
     }
-
-    // Store the normalised MACs in the typed view and the document too, so
-    // that what reads back is what the indexes hold.
-    let mut spec = spec;
-    for d in spec.interfaces.iter_mut().filter_map(|i| i.dhcp.as_mut()) {
-        if let Some(mac) = d.mac.as_deref().and_then(|m| m.parse::<Mac>().ok()) {
-            d.mac = Some(mac.to_string());
-        }
-    }
+    // MACs normalised in the document too, so that what reads back is what
+    // the indexes hold.
     if let Some(Value::Array(ifaces)) = doc.pointer_mut("/spec/interfaces") {
         for iface in ifaces {
             if let Some(Value::String(m)) = iface.pointer_mut("/dhcp/mac")
@@ -313,20 +193,8 @@ pub fn validate(mut doc: Value) -> Result<Hardware, FieldError> {
             }
         }
     }
-
-    Ok(Hardware {
-        doc,
-        machine: Machine {
-            key: Key { namespace, name },
-            spec,
-            macs,
-            ips,
-        },
-    })
-}
-
-fn non_empty(s: &Option<String>) -> Option<&str> {
-    s.as_deref().map(str::trim).filter(|s| !s.is_empty())
+    let machine = Machine::from_doc(key, &doc.to_string())?;
+    Ok(Hardware { doc, machine })
 }
 
 fn check_dns_subdomain(s: &str) -> Result<(), String> {
@@ -360,39 +228,6 @@ fn check_label_chars(l: &str) -> Result<(), String> {
     }
 }
 
-fn check_netmask(s: &str) -> Result<(), String> {
-    let m: Ipv4Addr = s.parse().map_err(|_| format!("invalid netmask {s:?}"))?;
-    let bits = u32::from(m);
-    if bits.leading_ones() + bits.trailing_zeros() != 32 {
-        return Err(format!("netmask {s:?} is not contiguous"));
-    }
-    Ok(())
-}
-
-fn check_cidr4(s: &str) -> Result<(), String> {
-    let err = || format!("invalid IPv4 CIDR {s:?} (want a.b.c.d/n)");
-    let (a, n) = s.split_once('/').ok_or_else(err)?;
-    a.parse::<Ipv4Addr>().map_err(|_| err())?;
-    let n: u8 = n.parse().map_err(|_| err())?;
-    if n > 32 {
-        return Err(err());
-    }
-    Ok(())
-}
-
-fn check_vlan_ids(s: &str) -> Result<(), String> {
-    for part in s.split(',') {
-        let v: u16 = part
-            .trim()
-            .parse()
-            .map_err(|_| format!("invalid VLAN id {part:?} in {s:?}"))?;
-        if v > 4096 {
-            return Err(format!("VLAN id {v} out of range 0-4096"));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -411,13 +246,19 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(h.machine.key, Key::new("default", "m1"));
-        assert_eq!(h.machine.macs[0].to_string(), "52:54:00:aa:bb:cc");
+        assert_eq!(
+            h.machine.interfaces[0].mac.unwrap().to_string(),
+            "52:54:00:aa:bb:cc"
+        );
         assert_eq!(
             h.doc["spec"]["interfaces"][0]["dhcp"]["mac"],
             "52:54:00:aa:bb:cc"
         );
         assert_eq!(h.doc["metadata"]["namespace"], "default");
-        assert_eq!(h.machine.ips, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            h.machine.ips().collect::<Vec<_>>(),
+            vec!["10.0.0.5".parse::<std::net::IpAddr>().unwrap()]
+        );
     }
 
     #[test]
@@ -495,30 +336,6 @@ mod tests {
             "userData": null}),
         ))
         .unwrap();
-        assert!(
-            h.machine.spec.interfaces[0]
-                .dhcp
-                .as_ref()
-                .unwrap()
-                .name_servers
-                .is_empty()
-        );
-    }
-
-    #[test]
-    fn documents_lists_and_streams() {
-        let text = "- apiVersion: a\n  kind: Hardware\n- kind: Hardware\n---\nkind: HardwareList\nitems:\n- {kind: Hardware}\n---\n";
-        let docs = parse_documents(text).unwrap();
-        assert_eq!(docs.len(), 3);
-        assert!(
-            parse_documents("a: [unclosed")
-                .unwrap_err()
-                .message
-                .contains("malformed")
-        );
-        assert_eq!(
-            parse_documents("{\"kind\": \"Hardware\"}").unwrap().len(),
-            1
-        );
+        assert!(h.machine.interfaces[0].name_servers.is_empty());
     }
 }

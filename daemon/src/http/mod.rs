@@ -3,8 +3,8 @@
 //! A machine is identified by the MAC in the URL or by its source IP.
 
 use crate::app::App;
-use crate::events::Event;
-use crate::hardware::Mac;
+use crate::events::{Event, Kind};
+use crate::hardware::{Interface, Mac, Machine};
 use crate::ipxe::{self, NoScript};
 use crate::metrics::{Listener, Metrics, RequestLabels};
 use axum::Router;
@@ -102,94 +102,61 @@ async fn script_by_mac(
     let Ok(mac) = mac.parse::<Mac>() else {
         return not_found(&app, "script", format!("{mac:?} is not a MAC address"));
     };
-    serve_script(&app, peer, mac, None)
+    let snap = app.inventory.snapshot();
+    match snap.by_mac(&mac) {
+        Some((m, iface)) => serve_script(&app, peer, m, iface),
+        None => not_found(&app, "script", format!("no Hardware has MAC {mac}")),
+    }
 }
 
-/// `/auto.ipxe`: the machine whose Hardware has the caller's IP.
+/// `/auto.ipxe`: the interface whose Hardware has the caller's IP.
 async fn script_by_ip(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
 ) -> Response {
+    let ip = peer.ip().to_canonical();
     let snap = app.inventory.snapshot();
-    let Some(m) = snap.by_ip(&peer.ip().to_canonical()) else {
-        return not_found(
-            &app,
-            "script",
-            format!("no Hardware has IP {}", peer.ip().to_canonical()),
-        );
-    };
-    // The interface holding that IP.
-    let mac = m.spec().interfaces.iter().find_map(|i| {
-        let d = i.dhcp.as_ref()?;
-        let ip =
-            d.ip.as_ref()?
-                .address
-                .as_deref()?
-                .trim()
-                .parse::<std::net::IpAddr>()
-                .ok()?;
-        (ip == peer.ip().to_canonical())
-            .then(|| d.mac.as_deref()?.parse::<Mac>().ok())
-            .flatten()
-    });
-    match mac {
-        Some(mac) => serve_script(&app, peer, mac, Some(m.key.clone())),
-        None => not_found(
-            &app,
-            "script",
-            format!(
-                "Hardware {} has no MAC for IP {}",
-                m.key,
-                peer.ip().to_canonical()
-            ),
-        ),
+    match snap.by_ip(&ip) {
+        Some((m, iface)) => serve_script(&app, peer, m, iface),
+        None => not_found(&app, "script", format!("no Hardware has IP {ip}")),
     }
 }
 
-fn serve_script(
-    app: &App,
-    peer: SocketAddr,
-    mac: Mac,
-    key: Option<crate::hardware::Key>,
-) -> Response {
-    let snap = app.inventory.snapshot();
-    let Some(m) = snap.by_mac(&mac) else {
-        return not_found(app, "script", format!("no Hardware has MAC {mac}"));
+fn serve_script(app: &App, peer: SocketAddr, m: &Machine, iface: &Interface) -> Response {
+    let ip = peer.ip().to_canonical();
+    let event = |kind, msg: String| {
+        let mut e = Event::new(kind, msg).machine(m.key.clone()).ip(ip);
+        if let Some(mac) = iface.mac {
+            e = e.mac(mac);
+        }
+        app.events.record(e);
     };
-    let key = key.unwrap_or_else(|| m.key.clone());
-    match ipxe::script(&m.machine(), mac, &app.script_settings()) {
+    match ipxe::script(m, iface, &app.script_settings()) {
         Ok(text) => {
             app.metrics.boot("script", 200);
-            app.events.record(
-                Event::new(
-                    "ipxe.script",
-                    format!("iPXE script sent to {}", peer.ip().to_canonical()),
-                )
-                .machine(key)
-                .mac(mac)
-                .ip(peer.ip().to_canonical()),
-            );
+            event(Kind::IpxeScript, format!("iPXE script sent to {ip}"));
             ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
         }
         Err(NoScript::NotAllowed) => {
-            app.events.record(
-                Event::new(
-                    "ipxe.refused",
-                    "iPXE script refused: netboot.allowPXE is not true",
-                )
-                .machine(key)
-                .mac(mac)
-                .ip(peer.ip().to_canonical()),
+            event(
+                Kind::IpxeRefused,
+                "iPXE script refused: netboot.allowPXE is not true".into(),
             );
             not_found(
                 app,
                 "script",
-                format!("Hardware {} does not allow PXE for {mac}", m.key),
+                format!(
+                    "Hardware {} does not allow PXE for {}",
+                    m.key,
+                    iface.mac.map(|m| m.to_string()).unwrap_or_default()
+                ),
             )
         }
-        Err(NoScript::UnknownMac) => {
-            not_found(app, "script", format!("no interface with MAC {mac}"))
-        }
+        Err(NoScript::NoMac) => not_found(
+            app,
+            "script",
+            format!("Hardware {} has no MAC for IP {ip}", m.key),
+        ),
     }
 }
 
@@ -238,7 +205,7 @@ fn record_artifact(
     let code = status.as_u16();
     app.metrics.boot("artifact", code);
     if let Some(peer) = peer
-        && let Some(m) = app.inventory.snapshot().by_ip(&peer.ip().to_canonical())
+        && let Some((m, _)) = app.inventory.snapshot().by_ip(&peer.ip().to_canonical())
     {
         let what = if status.is_success() {
             "sent"
@@ -246,7 +213,7 @@ fn record_artifact(
             "not sent"
         };
         app.events.record(
-            Event::new("http.artifact", format!("{path} {what} ({code})"))
+            Event::new(Kind::HttpArtifact, format!("{path} {what} ({code})"))
                 .machine(m.key.clone())
                 .ip(peer.ip().to_canonical())
                 .fields(json!({"path": path, "status": code, "range": range})),

@@ -2,8 +2,7 @@
 //! script text out. The default script boots the OSIE (HookOS) with the
 //! kernel parameters Smee gives it, with bounded retries at every step.
 
-use crate::hardware::spec::Interface;
-use crate::hardware::{Mac, Machine};
+use crate::hardware::{Interface, Mac, Machine};
 
 /// What every script needs besides the machine.
 #[derive(Debug, Clone)]
@@ -23,8 +22,9 @@ pub struct ScriptSettings {
 pub enum NoScript {
     /// `netboot.allowPXE` is not true for this interface.
     NotAllowed,
-    /// No interface of the machine has this MAC.
-    UnknownMac,
+    /// The interface has no MAC (found by an address of an interface
+    /// without one).
+    NoMac,
 }
 
 /// Retries per step, and seconds between them (as Smee's defaults).
@@ -39,18 +39,14 @@ fn param_safe(s: &str) -> String {
         .collect()
 }
 
-/// The script for `mac` of machine `m`.
-pub fn script(m: &Machine, mac: Mac, s: &ScriptSettings) -> Result<String, NoScript> {
-    let iface = m.interface(mac).ok_or(NoScript::UnknownMac)?;
-    let netboot = iface.netboot.as_ref();
-    if netboot.and_then(|n| n.allow_pxe) != Some(true) {
+/// The script for interface `iface` of machine `m`.
+pub fn script(m: &Machine, iface: &Interface, s: &ScriptSettings) -> Result<String, NoScript> {
+    let mac = iface.mac.ok_or(NoScript::NoMac)?;
+    if !iface.allow_pxe {
         return Err(NoScript::NotAllowed);
     }
-    let ipxe = netboot.and_then(|n| n.ipxe.as_ref());
-    if let Some(contents) = ipxe
-        .and_then(|i| i.contents.as_deref())
-        .filter(|c| !c.trim().is_empty())
-    {
+    let extra = iface.extra();
+    if let Some(contents) = extra.ipxe_contents.as_deref() {
         // The Hardware's own script, as is (with the header iPXE needs).
         return Ok(if contents.trim_start().starts_with("#!ipxe") {
             contents.to_string()
@@ -58,10 +54,7 @@ pub fn script(m: &Machine, mac: Mac, s: &ScriptSettings) -> Result<String, NoScr
             format!("#!ipxe\n{contents}")
         });
     }
-    if let Some(url) = ipxe
-        .and_then(|i| i.url.as_deref())
-        .filter(|u| !u.trim().is_empty())
-    {
+    if let Some(url) = extra.ipxe_url.as_deref() {
         return Ok(format!(
             "#!ipxe\necho tinkerbox: chaining {url}\nchain --autofree {} || goto failed\n:failed\necho tinkerbox: chain failed\nexit 1\n",
             param_safe(url)
@@ -71,42 +64,37 @@ pub fn script(m: &Machine, mac: Mac, s: &ScriptSettings) -> Result<String, NoScr
 }
 
 fn osie_script(m: &Machine, mac: Mac, iface: &Interface, s: &ScriptSettings) -> String {
-    let osie = iface.netboot.as_ref().and_then(|n| n.osie.as_ref());
-    let base = osie
-        .and_then(|o| o.base_url.as_deref())
-        .filter(|b| !b.trim().is_empty())
+    let extra = iface.extra();
+    let base = extra
+        .osie_base_url
+        .as_deref()
         .map(|b| param_safe(b.trim_end_matches('/')))
         .unwrap_or_else(|| format!("{}/artifacts", s.http_base));
-    let kernel = osie
-        .and_then(|o| o.kernel.as_deref())
-        .filter(|k| !k.is_empty())
+    let kernel = extra
+        .osie_kernel
+        .as_deref()
         .map(param_safe)
         .unwrap_or_else(|| "vmlinuz-${arch}".into());
-    let initrd = osie
-        .and_then(|o| o.initrd.as_deref())
-        .filter(|k| !k.is_empty())
+    let initrd = extra
+        .osie_initrd
+        .as_deref()
         .map(param_safe)
         .unwrap_or_else(|| "initramfs-${arch}".into());
     let facility = m
-        .spec
+        .details()
         .metadata
-        .as_ref()
-        .and_then(|md| md.facility.as_ref())
-        .and_then(|f| f.facility_code.as_deref())
-        .map(param_safe)
+        .and_then(|md| md.facility)
+        .and_then(|f| f.facility_code)
+        .map(|f| param_safe(&f))
         .unwrap_or_default();
     let worker_id = m
-        .spec
         .agent_id
         .as_deref()
-        .filter(|a| !a.is_empty())
         .map(param_safe)
         .unwrap_or_else(|| mac.to_string());
-    let vlan = iface
-        .dhcp
-        .as_ref()
-        .and_then(|d| d.vlan_id.as_deref())
-        .filter(|v| !v.is_empty())
+    let vlan = extra
+        .vlan_id
+        .as_deref()
         .map(|v| format!(" vlan_id={}", param_safe(v)))
         .unwrap_or_default();
     let mut params = format!(
@@ -118,7 +106,8 @@ fn osie_script(m: &Machine, mac: Mac, iface: &Interface, s: &ScriptSettings) -> 
     for p in s
         .extra_kernel_args
         .iter()
-        .chain(osie.map(|o| o.kernel_params.iter()).into_iter().flatten())
+        .map(String::as_str)
+        .chain(extra.osie_kernel_params.iter().map(|p| &**p))
     {
         let p = param_safe(p);
         if !p.is_empty() {
@@ -148,13 +137,36 @@ fn osie_script(m: &Machine, mac: Mac, iface: &Interface, s: &ScriptSettings) -> 
 /// The default script: `ipxe/osie.ipxe` at the top of the repository.
 const OSIE_TEMPLATE: &str = include_str!("../../../ipxe/osie.ipxe");
 
-/// Fill `{{name}}` placeholders. Hand-written: a template engine for eight
-/// plain substitutions would be the larger risk.
-fn render(template: &str, values: &[(&str, &str)]) -> String {
-    let mut out = template.to_string();
-    for (k, v) in values {
-        out = out.replace(&format!("{{{{{k}}}}}"), v);
+/// Fill `{{name}}` placeholders in one pass over the template, so that a
+/// value is never read as a template itself (a Hardware field holding
+/// `{{params}}` stays that text). Unknown names are left as they are.
+/// Hand-written: a template engine for eight plain substitutions would be
+/// the larger risk.
+pub fn render(template: &str, values: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(template.len() + 256);
+    let mut rest = template;
+    while let Some(open) = rest.find("{{") {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 2..];
+        let value = after.find("}}").and_then(|close| {
+            let name = &after[..close];
+            values
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v, close))
+        });
+        match value {
+            Some((v, close)) => {
+                out.push_str(v);
+                rest = &after[close + 2..];
+            }
+            None => {
+                out.push_str("{{");
+                rest = after;
+            }
+        }
     }
+    out.push_str(rest);
     out
 }
 
@@ -172,6 +184,12 @@ mod tests {
             .machine
     }
 
+    fn script(m: &Machine, mac: &str, s: &ScriptSettings) -> Result<String, NoScript> {
+        let mac: Mac = mac.parse().unwrap();
+        let iface = m.interface(mac).ok_or(NoScript::NoMac)?;
+        super::script(m, iface, s)
+    }
+
     fn settings() -> ScriptSettings {
         ScriptSettings {
             http_base: "http://10.99.0.1:7080".into(),
@@ -187,7 +205,7 @@ mod tests {
     #[test]
     fn default_script_boots_the_osie_like_smee() {
         let m = machine("{allowPXE: true, osie: {kernelParams: [\"tink.debug=1\", \"evil $x\"]}}");
-        let s = script(&m, MAC.parse().unwrap(), &settings()).unwrap();
+        let s = script(&m, MAC, &settings()).unwrap();
         assert!(s.starts_with("#!ipxe\n"));
         assert!(s.contains("set base-url http://10.99.0.1:7080/artifacts\n"));
         assert!(s.contains(
@@ -202,18 +220,18 @@ mod tests {
         let m = machine(
             "{allowPXE: true, osie: {baseURL: \"http://cdn.example/hook/\", kernel: vmlinuz-custom, initrd: initrd-custom}}",
         );
-        let s = script(&m, MAC.parse().unwrap(), &settings()).unwrap();
+        let s = script(&m, MAC, &settings()).unwrap();
         assert!(s.contains("set base-url http://cdn.example/hook\n"));
         assert!(s.contains("kernel ${base-url}/vmlinuz-custom "));
         assert!(s.contains("initrd=initrd-custom"));
         let m = machine("{allowPXE: true, ipxe: {contents: \"echo hi\\nshell\"}}");
         assert_eq!(
-            script(&m, MAC.parse().unwrap(), &settings()).unwrap(),
+            script(&m, MAC, &settings()).unwrap(),
             "#!ipxe\necho hi\nshell"
         );
         let m = machine("{allowPXE: true, ipxe: {url: \"https://boot.netboot.xyz\"}}");
         assert!(
-            script(&m, MAC.parse().unwrap(), &settings())
+            script(&m, MAC, &settings())
                 .unwrap()
                 .contains("chain --autofree https://boot.netboot.xyz ||")
         );
@@ -222,7 +240,7 @@ mod tests {
     #[test]
     fn template_has_no_unfilled_placeholders() {
         let m = machine("{allowPXE: true}");
-        let s = script(&m, MAC.parse().unwrap(), &settings()).unwrap();
+        let s = script(&m, MAC, &settings()).unwrap();
         assert!(!s.contains("{{"), "{s}");
         assert!(s.contains("# tinkerbox: OSIE for default/m1 (52:54:00:00:00:01)"));
     }
@@ -230,18 +248,32 @@ mod tests {
     #[test]
     fn refusals() {
         let m = machine("{allowPXE: false}");
-        assert_eq!(
-            script(&m, MAC.parse().unwrap(), &settings()),
-            Err(NoScript::NotAllowed)
-        );
+        assert_eq!(script(&m, MAC, &settings()), Err(NoScript::NotAllowed));
         let m = machine("{}");
+        assert_eq!(script(&m, MAC, &settings()), Err(NoScript::NotAllowed));
         assert_eq!(
-            script(&m, MAC.parse().unwrap(), &settings()),
-            Err(NoScript::NotAllowed)
+            script(&m, "52:54:00:00:00:09", &settings()),
+            Err(NoScript::NoMac)
         );
-        assert_eq!(
-            script(&m, "52:54:00:00:00:09".parse().unwrap(), &settings()),
-            Err(NoScript::UnknownMac)
+    }
+
+    #[test]
+    fn render_is_one_pass() {
+        // A value that looks like a placeholder stays text; unknown and
+        // unterminated placeholders are left alone.
+        let out = render(
+            "a={{a}} b={{b}} c={{c}} {{d",
+            &[("a", "{{b}}"), ("b", "{{a}}")],
         );
+        assert_eq!(out, "a={{b}} b={{a}} c={{c}} {{d");
+        // Through a whole script: a kernel parameter from a Hardware that
+        // names a placeholder is not expanded into the script.
+        let m = machine(
+            "{allowPXE: true, osie: {kernel: \"k{{params}}\", kernelParams: [\"x={{retries}}\"]}}",
+        );
+        let s = script(&m, MAC, &settings()).unwrap();
+        assert!(s.contains("${base-url}/k{{params}} facility="), "{s}");
+        assert!(s.contains(" x={{retries}} && goto"), "{s}");
+        assert_eq!(s.matches("facility=lab1").count(), 1, "{s}");
     }
 }

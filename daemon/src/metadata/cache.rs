@@ -1,13 +1,13 @@
 //! Rendered metadata answers, per caller IP, and the `metadata.read` event
 //! window.
 //!
-//! Every answer is a pure function of the machine's record and the caller's
-//! IP, so it is rendered once and kept until the record changes: the
-//! inventory publishes a new `Arc<Record>` for every applied change, and an
-//! entry is only used while it holds the very `Arc` the current snapshot
-//! has (`Arc::ptr_eq`; the entry keeps its `Arc` alive, so the address
-//! cannot be reused by another record). An applied change therefore shows
-//! on the next request.
+//! Every answer is a pure function of the machine and the caller's IP, so
+//! it is rendered once and kept until the machine changes: the inventory
+//! publishes a new `Arc<Machine>` for every applied change, and an entry is
+//! only used while it holds the very `Arc` the current snapshot has
+//! (`Arc::ptr_eq`; the entry keeps its `Arc` alive, so the address cannot
+//! be reused by another machine). An applied change therefore shows on the
+//! next request.
 //!
 //! Bounded: entries are made only for IPs that are Hardware (the caller
 //! checks), at most `max_entries` of them (the map is cleared when full),
@@ -19,8 +19,9 @@
 //! informative as one per request, and costs the event writer (SQLite) far
 //! less under load. The window restarts when the record changes.
 
-use crate::hardware::Machine;
-use crate::hardware::record::Record;
+use super::Source;
+use crate::hardware::view::Details;
+use crate::hardware::{Interface, Machine};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -56,13 +57,18 @@ pub struct Cache {
     epoch: Instant,
 }
 
-/// One caller IP's answers, valid while `record` is the current one.
+/// A rendered document, or why it could not be rendered.
+pub type Rendered = Result<Bytes, String>;
+
+/// One caller IP's answers, valid while `machine` is the current one.
 pub struct Entry {
-    record: Arc<Record>,
-    machine: OnceLock<Machine>,
+    machine: Arc<Machine>,
+    /// The caller's interface, by index into `machine.interfaces`.
+    iface: usize,
+    details: OnceLock<Details>,
     pub metadata: OnceLock<Bytes>,
-    pub nocloud_meta: OnceLock<Bytes>,
-    pub nocloud_network: OnceLock<Bytes>,
+    pub nocloud_meta: OnceLock<Rendered>,
+    pub nocloud_network: OnceLock<Rendered>,
     pub user_data: OnceLock<Option<Bytes>>,
     pub vendor_data: OnceLock<Option<Bytes>>,
     ec2: RwLock<HashMap<Box<str>, Option<Bytes>>>,
@@ -87,27 +93,32 @@ impl Cache {
         }
     }
 
-    /// The entry for `ip`, whose current record is `record`; only call
-    /// this for IPs that are Hardware.
-    pub fn entry(&self, ip: IpAddr, record: &Arc<Record>) -> Arc<Entry> {
+    /// The entry for `ip`, which the current snapshot found as `iface` of
+    /// `machine`.
+    pub fn entry(&self, ip: IpAddr, machine: &Arc<Machine>, iface: &Interface) -> Arc<Entry> {
         {
             let map = self.map.read().unwrap_or_else(|e| e.into_inner());
             if let Some(e) = map.get(&ip)
-                && Arc::ptr_eq(&e.record, record)
+                && Arc::ptr_eq(&e.machine, machine)
             {
                 return e.clone();
             }
         }
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = map.get(&ip)
-            && Arc::ptr_eq(&e.record, record)
+            && Arc::ptr_eq(&e.machine, machine)
         {
             return e.clone();
         }
         if map.len() >= self.max_entries && !map.contains_key(&ip) {
             map.clear();
         }
-        let e = Arc::new(Entry::new(record.clone()));
+        let index = machine
+            .interfaces
+            .iter()
+            .position(|i| std::ptr::eq(i, iface))
+            .unwrap_or(0);
+        let e = Arc::new(Entry::new(machine.clone(), index));
         map.insert(ip, e.clone());
         e
     }
@@ -143,10 +154,11 @@ impl Cache {
 }
 
 impl Entry {
-    fn new(record: Arc<Record>) -> Self {
+    fn new(machine: Arc<Machine>, iface: usize) -> Self {
         Entry {
-            record,
-            machine: OnceLock::new(),
+            machine,
+            iface,
+            details: OnceLock::new(),
             metadata: OnceLock::new(),
             nocloud_meta: OnceLock::new(),
             nocloud_network: OnceLock::new(),
@@ -157,26 +169,30 @@ impl Entry {
         }
     }
 
-    pub fn record(&self) -> &Arc<Record> {
-        &self.record
+    pub fn machine(&self) -> &Arc<Machine> {
+        &self.machine
     }
 
-    /// The typed view of the record, parsed once.
-    pub fn machine(&self) -> &Machine {
-        self.machine.get_or_init(|| self.record.machine())
+    /// What the answers are rendered from; the details parsed once.
+    pub fn source(&self) -> Source<'_> {
+        Source {
+            machine: &self.machine,
+            iface: self
+                .machine
+                .interfaces
+                .get(self.iface)
+                .unwrap_or(Interface::none()),
+            details: self.details.get_or_init(|| self.machine.details()),
+        }
     }
 
     /// The answer for an EC2 path (`None`: 404), rendered by `render` on
     /// the first request.
-    pub fn ec2(
-        &self,
-        path: &str,
-        render: impl FnOnce(&Machine) -> Option<String>,
-    ) -> Option<Bytes> {
+    pub fn ec2(&self, path: &str, render: impl FnOnce(&Source) -> Option<String>) -> Option<Bytes> {
         if let Some(b) = self.ec2.read().unwrap_or_else(|e| e.into_inner()).get(path) {
             return b.clone();
         }
-        let b = render(self.machine()).map(Bytes::from);
+        let b = render(&self.source()).map(Bytes::from);
         if path.len() <= MAX_PATH_LEN {
             let mut map = self.ec2.write().unwrap_or_else(|e| e.into_inner());
             if map.len() < MAX_PATHS {
@@ -194,30 +210,35 @@ impl Entry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hardware::Machine;
+    use crate::hardware;
 
-    fn record(name: &str, ip: &str) -> Arc<Record> {
-        Arc::new(Record::from(Machine {
-            key: crate::hardware::Key::new("default", name),
-            spec: crate::hardware::HardwareSpec::default(),
-            macs: vec!["02:00:00:00:00:01".parse().unwrap()],
-            ips: vec![ip.parse().unwrap()],
-        }))
+    fn record(name: &str, ip: &str) -> Arc<Machine> {
+        Arc::new(
+            hardware::validate(serde_json::json!({
+                "apiVersion": hardware::API_VERSION, "kind": "Hardware",
+                "metadata": {"name": name},
+                "spec": {"interfaces": [{"dhcp": {"mac": "02:00:00:00:00:01", "ip": {"address": ip}}}]}}))
+            .unwrap()
+            .machine,
+        )
+    }
+
+    fn entry(c: &Cache, ip: &str, m: &Arc<Machine>) -> Arc<Entry> {
+        c.entry(ip.parse().unwrap(), m, &m.interfaces[0])
     }
 
     #[test]
     fn an_entry_is_reused_while_its_record_is_current() {
         let c = Cache::default();
-        let ip: IpAddr = "10.0.0.1".parse().unwrap();
         let r = record("a", "10.0.0.1");
-        let e1 = c.entry(ip, &r);
+        let e1 = entry(&c, "10.0.0.1", &r);
         e1.metadata.get_or_init(|| Bytes::from_static(b"old"));
-        let e2 = c.entry(ip, &r);
+        let e2 = entry(&c, "10.0.0.1", &r);
         assert!(Arc::ptr_eq(&e1, &e2));
         assert_eq!(e2.metadata.get().unwrap(), "old");
         // Same content, new record (an apply): a fresh entry.
         let r2 = record("a", "10.0.0.1");
-        let e3 = c.entry(ip, &r2);
+        let e3 = entry(&c, "10.0.0.1", &r2);
         assert!(!Arc::ptr_eq(&e1, &e3));
         assert!(e3.metadata.get().is_none());
         assert_eq!(c.len(), 1);
@@ -228,7 +249,7 @@ mod tests {
         let c = Cache::new(3, WINDOW);
         let r = record("a", "10.0.0.1");
         for n in 0..10u8 {
-            c.entry(IpAddr::from([10, 0, 0, n]), &r);
+            c.entry(IpAddr::from([10, 0, 0, n]), &r, &r.interfaces[0]);
             assert!(c.len() <= 3);
         }
         assert!(!c.is_empty());
@@ -238,7 +259,7 @@ mod tests {
     fn ec2_paths_are_bounded() {
         let c = Cache::default();
         let r = record("a", "10.0.0.1");
-        let e = c.entry("10.0.0.1".parse().unwrap(), &r);
+        let e = entry(&c, "10.0.0.1", &r);
         for n in 0..MAX_PATHS * 2 {
             let p = format!("meta-data/x{n}");
             assert_eq!(e.ec2(&p, |_| None), None);
@@ -259,12 +280,12 @@ mod tests {
     fn ec2_answers_are_rendered_once() {
         let c = Cache::default();
         let r = record("a", "10.0.0.1");
-        let e = c.entry("10.0.0.1".parse().unwrap(), &r);
+        let e = entry(&c, "10.0.0.1", &r);
         let mut calls = 0;
         for _ in 0..3 {
-            let b = e.ec2("meta-data/hostname", |m| {
+            let b = e.ec2("meta-data/hostname", |s| {
                 calls += 1;
-                Some(m.key.name.clone())
+                Some(s.machine.key.name.clone())
             });
             assert_eq!(b.unwrap(), "a");
         }
@@ -275,7 +296,7 @@ mod tests {
     fn reads_are_coalesced_per_window_and_document() {
         let c = Cache::new(10, Duration::from_secs(60));
         let r = record("a", "10.0.0.1");
-        let e = c.entry("10.0.0.1".parse().unwrap(), &r);
+        let e = entry(&c, "10.0.0.1", &r);
         let t0 = c.epoch;
         assert!(c.should_record_at(&e, Read::Metadata, t0));
         assert!(!c.should_record_at(&e, Read::Metadata, t0 + Duration::from_secs(1)));
@@ -286,7 +307,7 @@ mod tests {
         assert!(!c.should_record_at(&e, Read::Metadata, t0 + Duration::from_secs(61)));
         // A changed record starts afresh.
         let r2 = record("a", "10.0.0.1");
-        let e2 = c.entry("10.0.0.1".parse().unwrap(), &r2);
+        let e2 = entry(&c, "10.0.0.1", &r2);
         assert!(c.should_record_at(&e2, Read::Metadata, t0 + Duration::from_secs(61)));
     }
 
@@ -294,7 +315,7 @@ mod tests {
     fn a_zero_window_records_every_read() {
         let c = Cache::new(10, Duration::ZERO);
         let r = record("a", "10.0.0.1");
-        let e = c.entry("10.0.0.1".parse().unwrap(), &r);
+        let e = entry(&c, "10.0.0.1", &r);
         assert!(c.should_record(&e, Read::UserData));
         assert!(c.should_record(&e, Read::UserData));
     }

@@ -2,12 +2,10 @@
 //! trusted proxy, the first untrusted address of X-Forwarded-For, walked
 //! from the right); a machine can only ever read its own data.
 
-use super::cache::{Cache, Entry, Read};
-use super::{
-    VERSIONS, ec2_get, instance_id, metadata_json, nocloud_meta_data, nocloud_network_config,
-};
+use super::cache::{Cache, Entry, Read, Rendered};
+use super::{VERSIONS, ec2_get, metadata_json, nocloud_meta_data, nocloud_network_config};
 use crate::app::App;
-use crate::events::Event;
+use crate::events::{Event, Kind};
 use axum::Router;
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -135,7 +133,7 @@ fn caller(
     }
     // Only Hardware IPs make cache entries.
     match app.inventory.snapshot().by_ip(&ip) {
-        Some(r) => Ok((ip, meta.cache.entry(ip, r))),
+        Some((m, iface)) => Ok((ip, meta.cache.entry(ip, m, iface))),
         None => Err(refuse(
             app,
             StatusCode::NOT_FOUND,
@@ -161,8 +159,8 @@ fn is_version(v: &str) -> bool {
 fn record(meta: &Meta, e: &Entry, ip: IpAddr, what: Read, message: impl FnOnce() -> String) {
     if meta.cache.should_record(e, what) {
         meta.app.events.record(
-            Event::new("metadata.read", format!("metadata read: {}", message()))
-                .machine(e.record().key.clone())
+            Event::new(Kind::MetadataRead, format!("metadata read: {}", message()))
+                .machine(e.machine().key.clone())
                 .ip(ip),
         );
     }
@@ -272,19 +270,19 @@ fn serve_ec2(
     if section == "meta-data" && rest.trim_matches('/') == "instance-id" {
         record(meta, &e, ip, Read::InstanceId, || "instance-id".into());
     }
-    let body = e.ec2(path, |m| match section {
+    let body = e.ec2(path, |src| match section {
         "" => {
             let mut items = vec!["dynamic/", "meta-data/"];
-            if m.spec.user_data.is_some() {
+            if src.details.user_data.is_some() {
                 items.push("user-data");
             }
-            if m.spec.vendor_data.is_some() {
+            if src.details.vendor_data.is_some() {
                 items.push("vendor-data");
             }
             Some(items.join("\n"))
         }
-        "meta-data" => ec2_get(m, ip, rest),
-        "dynamic" => super::dynamic(m, ip).get(rest).map(super::Node::render),
+        "meta-data" => ec2_get(src, rest),
+        "dynamic" => super::dynamic(src).get(rest).map(super::Node::render),
         _ => None,
     });
     match body {
@@ -310,12 +308,12 @@ fn data(
     let (value, what) = match which {
         "user-data" => (
             e.user_data
-                .get_or_init(|| e.machine().spec.user_data.clone().map(Bytes::from)),
+                .get_or_init(|| e.source().details.user_data.clone().map(Bytes::from)),
             Read::UserData,
         ),
         _ => (
             e.vendor_data
-                .get_or_init(|| e.machine().spec.vendor_data.clone().map(Bytes::from)),
+                .get_or_init(|| e.source().details.vendor_data.clone().map(Bytes::from)),
             Read::VendorData,
         ),
     };
@@ -328,7 +326,7 @@ fn data(
         None => reject(
             app,
             StatusCode::NOT_FOUND,
-            format!("Hardware {} has no {which}", e.record().key),
+            format!("Hardware {} has no {which}", e.machine().key),
         ),
     }
 }
@@ -344,8 +342,9 @@ async fn metadata(
     };
     record(&meta, &e, ip, Read::Metadata, || "/metadata".into());
     meta.app.metrics.metadata(200);
+    // A `Value` always serialises.
     let body = e.metadata.get_or_init(|| {
-        Bytes::from(serde_json::to_vec(&metadata_json(e.machine(), ip)).unwrap_or_default())
+        Bytes::from(serde_json::to_vec(&metadata_json(&e.source())).unwrap_or_default())
     });
     reply(JSON, body.clone())
 }
@@ -362,13 +361,13 @@ async fn nocloud_meta(
     record(&meta, &e, ip, Read::NocloudMeta, || {
         format!(
             "NoCloud meta-data (instance-id {})",
-            instance_id(e.machine())
+            e.source().instance_id()
         )
     });
     let body = e
         .nocloud_meta
-        .get_or_init(|| Bytes::from(nocloud_meta_data(e.machine(), ip)));
-    ok(&meta.app, body.clone())
+        .get_or_init(|| nocloud_meta_data(&e.source()).map(Bytes::from));
+    rendered(&meta.app, &e, "meta-data", body)
 }
 
 async fn nocloud_user(
@@ -401,6 +400,23 @@ async fn nocloud_network(
     });
     let body = e
         .nocloud_network
-        .get_or_init(|| Bytes::from(nocloud_network_config(e.machine())));
-    ok(&meta.app, body.clone())
+        .get_or_init(|| nocloud_network_config(e.machine()).map(Bytes::from));
+    rendered(&meta.app, &e, "network-config", body)
+}
+
+/// A rendered NoCloud document, or a 500 that the log and the metrics show:
+/// an empty document would look to cloud-init like a machine without one.
+fn rendered(app: &App, e: &Entry, what: &str, body: &Rendered) -> Response {
+    match body {
+        Ok(b) => ok(app, b.clone()),
+        Err(why) => {
+            tracing::error!(hardware = %e.machine().key, document = what, error = %why, "metadata: cannot render");
+            app.metrics.metadata(500);
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot render {what}: {why}\n"),
+            )
+                .into_response()
+        }
+    }
 }

@@ -8,8 +8,9 @@ pub mod cache;
 pub mod http;
 pub mod token;
 
-use crate::hardware::spec::{Instance, Interface};
-use crate::hardware::{Mac, Machine};
+use crate::hardware::spec::{Facility, Instance};
+use crate::hardware::view::Details;
+use crate::hardware::{Interface, Machine};
 use serde_json::{Value, json};
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -83,74 +84,73 @@ impl Node {
     }
 }
 
-/// The interface a request came from: the one whose DHCP address is the
-/// caller's IP, else the first with a MAC.
-fn requesting_iface(m: &Machine, ip: IpAddr) -> Option<&Interface> {
-    let ip_of = |i: &&Interface| {
-        i.dhcp
-            .as_ref()
-            .and_then(|d| d.ip.as_ref())
-            .and_then(|a| a.address.as_deref())
-            .and_then(|a| a.trim().parse::<IpAddr>().ok())
-    };
-    m.spec
-        .interfaces
-        .iter()
-        .find(|i| ip_of(i) == Some(ip))
-        .or_else(|| {
-            m.spec
-                .interfaces
-                .iter()
-                .find(|i| i.dhcp.as_ref().is_some_and(|d| d.mac.is_some()))
-        })
+/// What a metadata answer is rendered from: the machine, the interface the
+/// caller is (the one whose address it came from), and the machine's
+/// instance details.
+#[derive(Clone, Copy)]
+pub struct Source<'a> {
+    pub machine: &'a Machine,
+    pub iface: &'a Interface,
+    pub details: &'a Details,
 }
 
-fn iface_mac(i: &Interface) -> Option<Mac> {
-    i.dhcp.as_ref()?.mac.as_deref()?.parse().ok()
-}
+impl Source<'_> {
+    fn instance(&self) -> Option<&Instance> {
+        self.details.metadata.as_ref()?.instance.as_ref()
+    }
 
-fn instance(m: &Machine) -> Option<&Instance> {
-    m.spec.metadata.as_ref()?.instance.as_ref()
-}
+    fn facility(&self) -> Option<&Facility> {
+        self.details.metadata.as_ref()?.facility.as_ref()
+    }
 
-/// `instance.id`, else the Hardware's name: cloud-init needs one.
-pub fn instance_id(m: &Machine) -> String {
-    instance(m)
-        .and_then(|i| i.id.clone())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| m.key.name.clone())
-}
+    /// `instance.id`, else the Hardware's name: cloud-init needs one.
+    pub fn instance_id(&self) -> String {
+        self.instance()
+            .and_then(|i| i.id.clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| self.machine.key.name.clone())
+    }
 
-/// `instance.hostname`, else the DHCP hostname, else the Hardware's name.
-pub fn hostname(m: &Machine, iface: Option<&Interface>) -> String {
-    instance(m)
-        .and_then(|i| i.hostname.clone())
-        .filter(|s| !s.is_empty())
-        .or_else(|| {
-            iface
-                .and_then(|i| i.dhcp.as_ref()?.hostname.clone())
-                .filter(|s| !s.is_empty())
-        })
-        .unwrap_or_else(|| m.key.name.clone())
-}
+    /// `instance.hostname`, else the interface's DHCP hostname, else the
+    /// Hardware's name.
+    pub fn hostname(&self) -> String {
+        self.instance()
+            .and_then(|i| i.hostname.clone())
+            .filter(|s| !s.is_empty())
+            .or_else(|| self.iface.hostname.as_deref().map(str::to_string))
+            .unwrap_or_else(|| self.machine.key.name.clone())
+    }
 
-/// An address from `instance.ips` by family and public flag (`None`: any),
-/// as Hegel picks them.
-fn instance_ip(m: &Machine, family: i64, public: Option<bool>) -> Option<String> {
-    instance(m)?
-        .ips
-        .iter()
-        .find(|a| {
-            a.family.unwrap_or(4) == family && public.is_none_or(|p| a.public.unwrap_or(false) == p)
-        })
-        .and_then(|a| a.address.clone())
-}
+    /// An address from `instance.ips` by family and public flag (`None`:
+    /// any), as Hegel picks them.
+    fn instance_ip(&self, family: i64, public: Option<bool>) -> Option<String> {
+        self.instance()?
+            .ips
+            .iter()
+            .find(|a| {
+                a.family.unwrap_or(4) == family
+                    && public.is_none_or(|p| a.public.unwrap_or(false) == p)
+            })
+            .and_then(|a| a.address.clone())
+    }
 
-fn dhcp_ipv4(i: Option<&Interface>) -> Option<(Ipv4Addr, Option<Ipv4Addr>)> {
-    let ip = i?.dhcp.as_ref()?.ip.as_ref()?;
-    let addr: Ipv4Addr = ip.address.as_deref()?.trim().parse().ok()?;
-    let mask = ip.netmask.as_deref().and_then(|m| m.trim().parse().ok());
-    Some((addr, mask))
+    /// The private IPv4 address: `instance.ips`, else the interface's.
+    fn local_ipv4(&self) -> Option<String> {
+        self.instance_ip(4, Some(false))
+            .or_else(|| self.iface.ipv4().map(|a| a.to_string()))
+    }
+
+    pub fn ssh_keys(&self) -> Vec<String> {
+        self.instance()
+            .map(|i| {
+                i.ssh_keys
+                    .iter()
+                    .map(|k| k.trim().to_string())
+                    .filter(|k| !k.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 fn cidr(addr: Ipv4Addr, mask: Ipv4Addr) -> String {
@@ -159,58 +159,44 @@ fn cidr(addr: Ipv4Addr, mask: Ipv4Addr) -> String {
     format!("{net}/{}", bits.count_ones())
 }
 
-pub fn ssh_keys(m: &Machine) -> Vec<String> {
-    instance(m)
-        .map(|i| {
-            i.ssh_keys
-                .iter()
-                .map(|k| k.trim().to_string())
-                .filter(|k| !k.is_empty())
-                .collect()
-        })
-        .unwrap_or_default()
+fn text(s: &Option<Box<str>>) -> Option<String> {
+    s.as_deref().map(str::to_string)
 }
 
-/// The EC2 `meta-data/` tree for the machine, as seen from `ip`.
-pub fn meta_data(m: &Machine, ip: IpAddr) -> Node {
-    let iface = requesting_iface(m, ip);
-    let inst = instance(m);
-    let facility = m.spec.metadata.as_ref().and_then(|md| md.facility.as_ref());
-    let host = hostname(m, iface);
-    let local_ipv4 =
-        instance_ip(m, 4, Some(false)).or_else(|| dhcp_ipv4(iface).map(|(a, _)| a.to_string()));
-    let mac = iface.and_then(iface_mac);
+/// The EC2 `meta-data/` tree.
+pub fn meta_data(src: &Source) -> Node {
+    let m = src.machine;
+    let inst = src.instance();
+    let facility = src.facility();
+    let host = src.hostname();
 
     let mut md = Node::dir();
     md.leaf("hostname", Some(host.clone()));
-    md.leaf("instance-id", Some(instance_id(m)));
+    md.leaf("instance-id", Some(src.instance_id()));
     md.leaf("instance-type", facility.and_then(|f| f.plan_slug.clone()));
     md.leaf("local-hostname", Some(host));
-    md.leaf("local-ipv4", local_ipv4.clone());
-    md.leaf("mac", mac.map(|m| m.to_string()));
+    md.leaf("local-ipv4", src.local_ipv4());
+    md.leaf("mac", src.iface.mac.map(|m| m.to_string()));
 
     // network/interfaces/macs/<mac>/ for every interface with a MAC.
     let mut macs = Node::dir();
-    for (n, i) in m.spec.interfaces.iter().enumerate() {
-        let Some(imac) = iface_mac(i) else { continue };
+    for (n, i) in m.interfaces.iter().enumerate() {
+        let Some(imac) = i.mac else { continue };
         let mut e = Node::dir();
         e.leaf("device-number", Some(n.to_string()));
         e.leaf(
             "interface-id",
             Some(format!("eni-{}", imac.to_string().replace(':', ""))),
         );
-        if let Some((a, mask)) = dhcp_ipv4(Some(i)) {
+        if let Some(a) = i.ipv4() {
             e.leaf("local-ipv4s", Some(a.to_string()));
-            if let Some(mask) = mask {
+            if let Some(mask) = i.netmask {
                 e.leaf("subnet-ipv4-cidr-block", Some(cidr(a, mask)));
             }
         }
-        e.leaf(
-            "local-hostname",
-            i.dhcp.as_ref().and_then(|d| d.hostname.clone()),
-        );
+        e.leaf("local-hostname", text(&i.hostname));
         e.leaf("mac", Some(imac.to_string()));
-        e.leaf("vlan-id", i.dhcp.as_ref().and_then(|d| d.vlan_id.clone()));
+        e.leaf("vlan-id", text(&i.extra().vlan_id));
         macs.push(&imac.to_string(), e);
     }
     let mut interfaces = Node::dir();
@@ -242,11 +228,11 @@ pub fn meta_data(m: &Machine, ip: IpAddr) -> Node {
     }
     md.leaf("plan", facility.and_then(|f| f.plan_slug.clone()));
     md.leaf("facility", facility.and_then(|f| f.facility_code.clone()));
-    md.leaf("public-ipv4", instance_ip(m, 4, Some(true)));
-    md.leaf("public-ipv6", instance_ip(m, 6, None));
+    md.leaf("public-ipv4", src.instance_ip(4, Some(true)));
+    md.leaf("public-ipv6", src.instance_ip(6, None));
 
     // public-keys/: "0=key-0", then 0/openssh-key, as EC2 lists them.
-    let keys = ssh_keys(m);
+    let keys = src.ssh_keys();
     if !keys.is_empty() {
         let mut pk = Node::dir();
         for (n, k) in keys.iter().enumerate() {
@@ -264,8 +250,8 @@ pub fn meta_data(m: &Machine, ip: IpAddr) -> Node {
 }
 
 /// EC2's `public-keys/` listing is `<n>=<name>`, not `<n>/`.
-pub fn public_keys_listing(m: &Machine) -> Option<String> {
-    let keys = ssh_keys(m);
+pub fn public_keys_listing(src: &Source) -> Option<String> {
+    let keys = src.ssh_keys();
     if keys.is_empty() {
         return None;
     }
@@ -299,34 +285,35 @@ pub fn public_keys_listing(m: &Machine) -> Option<String> {
 }
 
 /// `GET /<version>/meta-data/<path>`: a listing or a value, `None` for 404.
-pub fn ec2_get(m: &Machine, ip: IpAddr, path: &str) -> Option<String> {
+pub fn ec2_get(src: &Source, path: &str) -> Option<String> {
     if path.trim_matches('/') == "public-keys" {
-        return public_keys_listing(m);
+        return public_keys_listing(src);
     }
-    meta_data(m, ip).get(path).map(Node::render)
+    meta_data(src).get(path).map(Node::render)
 }
 
 /// `dynamic/instance-identity/document`, which cloud-init reads on AWS:
 /// without it, it retries for ~10 s.
-pub fn dynamic(m: &Machine, ip: IpAddr) -> Node {
-    let iface = requesting_iface(m, ip);
-    let facility = m.spec.metadata.as_ref().and_then(|md| md.facility.as_ref());
-    let arch = iface
-        .and_then(|i| i.dhcp.as_ref()?.arch.clone())
-        .unwrap_or_else(|| "x86_64".into());
+pub fn dynamic(src: &Source) -> Node {
+    let facility = src.facility();
+    let arch = src
+        .iface
+        .extra()
+        .arch
+        .as_deref()
+        .unwrap_or("x86_64")
+        .to_string();
     let doc = json!({
-        "instanceId": instance_id(m),
+        "instanceId": src.instance_id(),
         "instanceType": facility.and_then(|f| f.plan_slug.clone()),
         "availabilityZone": facility.and_then(|f| f.facility_code.clone()),
         "region": facility.and_then(|f| f.facility_code.clone()),
-        "privateIp": instance_ip(m, 4, Some(false)).or_else(|| dhcp_ipv4(iface).map(|(a, _)| a.to_string())),
+        "privateIp": src.local_ipv4(),
         "architecture": arch,
     });
     let mut ii = Node::dir();
-    ii.leaf(
-        "document",
-        Some(serde_json::to_string_pretty(&doc).unwrap_or_default()),
-    );
+    // A map of strings and options of strings always serialises.
+    ii.leaf("document", serde_json::to_string_pretty(&doc).ok());
     let mut d = Node::dir();
     d.push("instance-identity", ii);
     d
@@ -335,11 +322,11 @@ pub fn dynamic(m: &Machine, ip: IpAddr) -> Node {
 /// `/metadata`: the whole instance as JSON, Equinix Metal style (a superset
 /// of Hegel's): id, hostname, facility, plan, operating_system, ssh_keys,
 /// tags, network (addresses, interfaces), and the raw Hardware metadata.
-pub fn metadata_json(m: &Machine, ip: IpAddr) -> Value {
-    let iface = requesting_iface(m, ip);
-    let inst = instance(m);
-    let md = m.spec.metadata.as_ref();
-    let facility = md.and_then(|md| md.facility.as_ref());
+pub fn metadata_json(src: &Source) -> Value {
+    let m = src.machine;
+    let inst = src.instance();
+    let md = src.details.metadata.as_ref();
+    let facility = src.facility();
     let os = inst.and_then(|i| i.operating_system.as_ref());
     let mut addresses: Vec<Value> = inst
         .map(|i| {
@@ -356,28 +343,30 @@ pub fn metadata_json(m: &Machine, ip: IpAddr) -> Value {
         })
         .unwrap_or_default();
     if addresses.is_empty() {
-        for i in &m.spec.interfaces {
-            if let Some(ip) = i.dhcp.as_ref().and_then(|d| d.ip.as_ref()) {
-                addresses.push(json!({
-                    "address": ip.address, "netmask": ip.netmask, "gateway": ip.gateway,
-                    "address_family": ip.family.unwrap_or(4), "public": false, "management": true,
-                }));
-            }
+        for i in m.interfaces.iter().filter(|i| i.address.is_some()) {
+            let family = if matches!(i.address, Some(IpAddr::V6(_))) {
+                6
+            } else {
+                4
+            };
+            addresses.push(json!({
+                "address": i.address, "netmask": i.netmask, "gateway": i.gateway,
+                "address_family": family, "public": false, "management": true,
+            }));
         }
     }
     let interfaces: Vec<Value> = m
-        .spec
         .interfaces
         .iter()
         .enumerate()
         .filter_map(|(n, i)| {
-            let mac = iface_mac(i)?;
-            Some(json!({"name": i.dhcp.as_ref().and_then(|d| d.iface_name.clone()).unwrap_or_else(|| format!("eth{n}")), "mac": mac.to_string()}))
+            let mac = i.mac?;
+            Some(json!({"name": iface_name(n, i), "mac": mac.to_string()}))
         })
         .collect();
     json!({
-        "id": instance_id(m),
-        "hostname": hostname(m, iface),
+        "id": src.instance_id(),
+        "hostname": src.hostname(),
         "facility": facility.and_then(|f| f.facility_code.clone()),
         "plan": facility.and_then(|f| f.plan_slug.clone()),
         "class": facility.and_then(|f| f.plan_slug.clone()),
@@ -387,7 +376,7 @@ pub fn metadata_json(m: &Machine, ip: IpAddr) -> Value {
             "version": os.and_then(|o| o.version.clone()),
             "image_tag": os.and_then(|o| o.image_tag.clone()),
         },
-        "ssh_keys": ssh_keys(m),
+        "ssh_keys": src.ssh_keys(),
         "tags": inst.map(|i| i.tags.clone()).unwrap_or_default(),
         "state": inst.and_then(|i| i.state.clone()),
         "network": {
@@ -401,43 +390,47 @@ pub fn metadata_json(m: &Machine, ip: IpAddr) -> Value {
     })
 }
 
+/// `iface_name`, else `eth<n>`.
+fn iface_name(n: usize, i: &Interface) -> String {
+    i.extra()
+        .iface_name
+        .as_deref()
+        .map_or_else(|| format!("eth{n}"), str::to_string)
+}
+
+/// A YAML document, or why it could not be made.
+fn yaml(v: &Value) -> Result<String, String> {
+    serde_saphyr::to_string(v).map_err(|e| e.to_string())
+}
+
 /// NoCloud `meta-data` (YAML).
-pub fn nocloud_meta_data(m: &Machine, ip: IpAddr) -> String {
-    let v = json!({
-        "instance-id": instance_id(m),
-        "local-hostname": hostname(m, requesting_iface(m, ip)),
-        "public-keys": ssh_keys(m),
-    });
-    serde_saphyr::to_string(&v).unwrap_or_default()
+pub fn nocloud_meta_data(src: &Source) -> Result<String, String> {
+    yaml(&json!({
+        "instance-id": src.instance_id(),
+        "local-hostname": src.hostname(),
+        "public-keys": src.ssh_keys(),
+    }))
 }
 
 /// NoCloud `network-config`: cloud-init network config v2, one ethernet per
 /// interface with a MAC, matched by MAC: static when the Hardware has an
 /// address, else DHCP.
-pub fn nocloud_network_config(m: &Machine) -> String {
+pub fn nocloud_network_config(m: &Machine) -> Result<String, String> {
     let mut ethernets = serde_json::Map::new();
-    for (n, i) in m.spec.interfaces.iter().enumerate() {
-        let Some(mac) = iface_mac(i) else { continue };
-        let d = i.dhcp.as_ref();
-        let name = d
-            .and_then(|d| d.iface_name.clone())
-            .unwrap_or_else(|| format!("eth{n}"));
+    for (n, i) in m.interfaces.iter().enumerate() {
+        let Some(mac) = i.mac else { continue };
+        let name = iface_name(n, i);
         let mut e = json!({"match": {"macaddress": mac.to_string()}, "set-name": name});
-        match dhcp_ipv4(Some(i)) {
-            Some((addr, mask)) => {
-                let prefix = mask.map(|m| u32::from(m).count_ones()).unwrap_or(32);
+        match i.ipv4() {
+            Some(addr) => {
+                let prefix = i.netmask.map(|m| u32::from(m).count_ones()).unwrap_or(32);
                 e["addresses"] = json!([format!("{addr}/{prefix}")]);
-                if let Some(gw) = d
-                    .and_then(|d| d.ip.as_ref())
-                    .and_then(|ip| ip.gateway.clone())
-                    .filter(|g| !g.is_empty())
-                {
+                if let Some(gw) = i.gateway {
                     // "0.0.0.0/0", not "default": cloud-init 22.4 rejects the latter.
-                    e["routes"] = json!([{"to": "0.0.0.0/0", "via": gw}]);
+                    e["routes"] = json!([{"to": "0.0.0.0/0", "via": gw.to_string()}]);
                 }
-                let dns = d.map(|d| d.name_servers.clone()).unwrap_or_default();
-                let search: Vec<String> =
-                    d.and_then(|d| d.domain_name.clone()).into_iter().collect();
+                let dns: Vec<String> = i.name_servers.iter().map(|a| a.to_string()).collect();
+                let search: Vec<String> = text(&i.extra().domain_name).into_iter().collect();
                 if !dns.is_empty() || !search.is_empty() {
                     e["nameservers"] = json!({"addresses": dns, "search": search});
                 }
@@ -446,8 +439,7 @@ pub fn nocloud_network_config(m: &Machine) -> String {
         }
         ethernets.insert(name, e);
     }
-    serde_saphyr::to_string(&json!({"network": {"version": 2, "ethernets": ethernets}}))
-        .unwrap_or_default()
+    yaml(&json!({"network": {"version": 2, "ethernets": ethernets}}))
 }
 
 #[cfg(test)]

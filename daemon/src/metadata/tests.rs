@@ -3,6 +3,7 @@
 use super::http::client_ip;
 use super::*;
 use crate::hardware;
+use crate::inventory::Snapshot;
 use axum::http::HeaderMap;
 
 const HW: &str = r##"
@@ -53,10 +54,22 @@ fn ip() -> IpAddr {
     "10.99.0.21".parse().unwrap()
 }
 
+/// Render with the machine found as the inventory finds a caller at `ip`.
+fn at<R>(m: &Machine, ip: IpAddr, f: impl FnOnce(&Source) -> R) -> R {
+    let snap = Snapshot::build([m.clone()]);
+    let (m, iface) = snap.by_ip(&ip).expect("a Hardware IP");
+    let details = m.details();
+    f(&Source {
+        machine: m,
+        iface,
+        details: &details,
+    })
+}
+
 #[test]
 fn every_meta_data_path() {
     let m = machine();
-    let get = |p: &str| ec2_get(&m, ip(), p);
+    let get = |p: &str| at(&m, ip(), |s| ec2_get(s, p));
     let cases: &[(&str, Option<&str>)] = &[
         (
             "",
@@ -137,25 +150,26 @@ fn sparse_hardware_falls_back_and_omits() {
         .unwrap()
         .machine;
     let ip: IpAddr = "10.0.0.5".parse().unwrap();
-    assert_eq!(ec2_get(&m, ip, "instance-id").as_deref(), Some("bare"));
-    assert_eq!(ec2_get(&m, ip, "local-hostname").as_deref(), Some("bare"));
-    assert_eq!(ec2_get(&m, ip, "local-ipv4").as_deref(), Some("10.0.0.5"));
+    let get = |p: &str| at(&m, ip, |s| ec2_get(s, p));
+    assert_eq!(get("instance-id").as_deref(), Some("bare"));
+    assert_eq!(get("local-hostname").as_deref(), Some("bare"));
+    assert_eq!(get("local-ipv4").as_deref(), Some("10.0.0.5"));
     assert_eq!(
-        ec2_get(&m, ip, "").as_deref(),
+        get("").as_deref(),
         Some("hostname\ninstance-id\nlocal-hostname\nlocal-ipv4\nmac\nnetwork/"),
         "absent values are not listed (cloud-init drops all meta-data on a listed 404)"
     );
-    assert_eq!(ec2_get(&m, ip, "public-keys"), None);
+    assert_eq!(get("public-keys"), None);
     assert_eq!(
-        nocloud_meta_data(&m, ip),
+        at(&m, ip, nocloud_meta_data).unwrap(),
         "instance-id: bare\nlocal-hostname: bare\npublic-keys: []\n"
     );
-    assert!(nocloud_network_config(&m).contains("10.0.0.5/16"));
+    assert!(nocloud_network_config(&m).unwrap().contains("10.0.0.5/16"));
 }
 
 #[test]
 fn metadata_json_is_a_superset_of_hegels() {
-    let v = metadata_json(&machine(), ip());
+    let v = at(&machine(), ip(), metadata_json);
     assert_eq!(v["id"], "0f0b6c2e-3f0a-4a7e-9c61-1d2b3c4d5e6f");
     assert_eq!(v["hostname"], "worker-01");
     assert_eq!(v["facility"], "lab1");
@@ -179,12 +193,12 @@ fn metadata_json_is_a_superset_of_hegels() {
 #[test]
 fn nocloud_documents() {
     let m = machine();
-    let md = nocloud_meta_data(&m, ip());
+    let md = at(&m, ip(), nocloud_meta_data).unwrap();
     assert_eq!(
         md,
         "instance-id: 0f0b6c2e-3f0a-4a7e-9c61-1d2b3c4d5e6f\nlocal-hostname: worker-01\npublic-keys:\n- ssh-ed25519 AAAAC3Nza ops@lab\n- ssh-rsa AAAAB3Nza backup@lab\n"
     );
-    let nc = nocloud_network_config(&m);
+    let nc = nocloud_network_config(&m).unwrap();
     let v: serde_json::Value = serde_saphyr::from_str(&nc).unwrap();
     let e = &v["network"]["ethernets"]["eno1"];
     assert_eq!(v["network"]["version"], 2);
@@ -210,7 +224,7 @@ fn nocloud_documents() {
 
 #[test]
 fn identity_document() {
-    let d = dynamic(&machine(), ip());
+    let d = at(&machine(), ip(), dynamic);
     assert_eq!(d.get("").unwrap().render(), "instance-identity/");
     let doc: serde_json::Value =
         serde_json::from_str(&d.get("instance-identity/document").unwrap().render()).unwrap();
@@ -271,29 +285,50 @@ fn forwarded_for_only_from_trusted_proxies() {
     );
 }
 
-/// The daemon serves from the inventory's compact records, loaded from the
-/// stored document or built from an applied one: every answer must be the
-/// same bytes as from the validated Hardware.
+/// The daemon serves from the inventory's view, loaded from the stored
+/// document or built from an applied one: every answer must be the same
+/// bytes either way.
 #[test]
-fn answers_from_inventory_records_are_identical() {
+fn answers_from_stored_and_applied_views_are_identical() {
     let h = hardware::validate(hardware::parse_documents(HW).unwrap().remove(0)).unwrap();
-    let stored = hardware::Record::from_stored(h.machine.key.clone(), &h.doc.to_string())
-        .unwrap()
-        .machine();
-    let applied = hardware::Record::from(&h.machine).machine();
+    let stored = Machine::from_doc(h.machine.key.clone(), &h.doc.to_string()).unwrap();
     let answers = |m: &Machine| {
-        (
-            meta_data(m, ip()).render(),
-            ec2_get(m, ip(), "public-keys/0/openssh-key"),
-            dynamic(m, ip()).render(),
-            metadata_json(m, ip()).to_string(),
-            nocloud_meta_data(m, ip()),
-            nocloud_network_config(m),
-            m.spec.user_data.clone(),
-        )
+        at(m, ip(), |s| {
+            (
+                meta_data(s).render(),
+                ec2_get(s, "public-keys/0/openssh-key"),
+                dynamic(s).render(),
+                metadata_json(s).to_string(),
+                nocloud_meta_data(s),
+                nocloud_network_config(m),
+                s.details.user_data.clone(),
+            )
+        })
     };
     let want = answers(&h.machine);
     assert!(want.6.is_some());
     assert_eq!(answers(&stored), want);
-    assert_eq!(answers(&applied), want);
+}
+
+/// The caller is the interface its address belongs to: its MAC and
+/// hostname, not the first interface's.
+#[test]
+fn the_caller_is_the_interface_with_its_address() {
+    let doc = "apiVersion: tinkerbell.org/v1alpha1\nkind: Hardware\nmetadata: {name: two}\nspec:\n  interfaces:\n  - dhcp: {mac: \"52:54:00:00:00:01\", hostname: first, ip: {address: 10.0.0.5}}\n  - dhcp: {mac: \"52:54:00:00:00:02\", hostname: second, ip: {address: 10.0.1.5}}\n";
+    let m = hardware::validate(hardware::parse_documents(doc).unwrap().remove(0))
+        .unwrap()
+        .machine;
+    let ip: IpAddr = "10.0.1.5".parse().unwrap();
+    assert_eq!(
+        at(&m, ip, |s| ec2_get(s, "mac")).as_deref(),
+        Some("52:54:00:00:00:02")
+    );
+    assert_eq!(
+        at(&m, ip, |s| ec2_get(s, "hostname")).as_deref(),
+        Some("second")
+    );
+    assert_eq!(
+        at(&m, ip, |s| ec2_get(s, "local-ipv4")).as_deref(),
+        Some("10.0.1.5")
+    );
 }

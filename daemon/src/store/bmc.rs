@@ -1,16 +1,48 @@
 //! BMC machines, their credentials and jobs in the store.
 
-use super::{Outcome, Store, StoreError, now_ms};
-use crate::bmc::model::{Action, Connection, Credentials};
+use super::{Outcome, Store, StoreError};
+use crate::bmc::PowerState;
+use crate::bmc::model::{Action, Connection, Credentials, Doc};
+use crate::clock::now_ms;
 use crate::hardware::Key;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sqlx::SqliteConnection;
+
+/// Where a job or a task is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, sqlx::Type)]
+#[serde(rename_all = "lowercase")]
+#[sqlx(rename_all = "lowercase")]
+pub enum State {
+    #[default]
+    Pending,
+    Running,
+    Completed,
+    Failed,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Running => "running",
+            State::Completed => "completed",
+            State::Failed => "failed",
+        }
+    }
+}
+
+/// A Rufio `Job`, or a Rufio `Task` run as a one-task job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+pub enum JobKind {
+    Job,
+    Task,
+}
 
 /// One task's progress, kept in `bmc_jobs.task_states`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct TaskState {
-    /// pending | running | completed | failed
-    pub state: String,
+    pub state: State,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     #[serde(default)]
@@ -26,13 +58,13 @@ pub struct JobRow {
     pub id: i64,
     pub namespace: String,
     pub name: String,
-    pub kind: String,
+    pub kind: JobKind,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub machine: Option<Key>,
     #[serde(skip)]
     pub connection: Option<Connection>,
     pub tasks: Vec<Action>,
-    pub state: String,
+    pub state: State,
     pub task_states: Vec<TaskState>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -51,121 +83,135 @@ impl JobRow {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BmcMachineRow {
+    pub key: Key,
     pub doc: Value,
-    pub power_state: String,
+    pub power_state: PowerState,
     pub contactable: Option<Value>,
 }
 
-type JobTuple = (
-    i64,
-    String,
-    String,
-    String,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    String,
-    String,
-    String,
-    Option<String>,
-    i64,
-    Option<i64>,
-    Option<i64>,
-);
+#[derive(sqlx::FromRow)]
+struct JobTuple {
+    id: i64,
+    namespace: String,
+    name: String,
+    kind: JobKind,
+    machine_ns: Option<String>,
+    machine_name: Option<String>,
+    connection: Option<String>,
+    tasks: String,
+    state: State,
+    task_states: String,
+    message: Option<String>,
+    created_ms: i64,
+    started_ms: Option<i64>,
+    completed_ms: Option<i64>,
+}
+
+macro_rules! select_jobs {
+    ($where:literal) => {
+        concat!(
+            "SELECT id, namespace, name, kind, machine_ns, machine_name, connection, tasks, state, task_states, message, created_ms, started_ms, completed_ms FROM bmc_jobs ",
+            $where
+        )
+    };
+}
 
 fn job_row(t: JobTuple) -> Result<JobRow, StoreError> {
-    let key = Key::new(t.1.clone(), t.2.clone());
+    let key = Key::new(t.namespace.clone(), t.name.clone());
     let corrupt = |e: serde_json::Error| StoreError::Corrupt(key.clone(), e.to_string());
     Ok(JobRow {
-        id: t.0,
-        namespace: t.1,
-        name: t.2,
-        kind: t.3,
-        machine: match (t.4, t.5) {
+        id: t.id,
+        namespace: t.namespace,
+        name: t.name,
+        kind: t.kind,
+        machine: match (t.machine_ns, t.machine_name) {
             (Some(ns), Some(n)) => Some(Key::new(ns, n)),
             _ => None,
         },
         connection: t
-            .6
+            .connection
             .map(|c| serde_json::from_str(&c))
             .transpose()
             .map_err(corrupt)?,
-        tasks: serde_json::from_str(&t.7).map_err(corrupt)?,
-        state: t.8,
-        task_states: serde_json::from_str(&t.9).map_err(corrupt)?,
-        message: t.10,
-        created_ms: t.11,
-        started_ms: t.12,
-        completed_ms: t.13,
+        tasks: serde_json::from_str(&t.tasks).map_err(corrupt)?,
+        state: t.state,
+        task_states: serde_json::from_str(&t.task_states).map_err(corrupt)?,
+        message: t.message,
+        created_ms: t.created_ms,
+        started_ms: t.started_ms,
+        completed_ms: t.completed_ms,
     })
 }
 
+/// A new job for [`Store::apply_bmc`]: what the runner needs besides the
+/// document.
+pub struct NewJob<'a> {
+    pub key: &'a Key,
+    pub kind: JobKind,
+    pub doc: &'a Value,
+    pub machine: Option<&'a Key>,
+    pub connection: Option<&'a Connection>,
+    pub tasks: &'a [Action],
+}
+
 impl Store {
-    pub async fn upsert_bmc_machine(&self, key: &Key, doc: &Value) -> Result<Outcome, StoreError> {
-        let text = doc.to_string();
-        let old: Option<(String,)> =
-            sqlx::query_as("SELECT doc FROM bmc_machines WHERE namespace = ? AND name = ?")
-                .bind(&key.namespace)
-                .bind(&key.name)
-                .fetch_optional(self.pool())
-                .await?;
-        if let Some((o,)) = &old
-            && serde_json::from_str::<Value>(o).ok().as_ref() == Some(doc)
-        {
-            return Ok(Outcome::Unchanged);
+    /// Write every document of a BMC apply in one transaction: all or
+    /// nothing, like a Hardware apply.
+    pub async fn apply_bmc(&self, docs: &[Doc]) -> Result<Vec<Outcome>, StoreError> {
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut out = Vec::with_capacity(docs.len());
+        for d in docs {
+            let o = match d {
+                Doc::Secret { key, credentials } => {
+                    upsert_secret(&mut tx, key, credentials).await?
+                }
+                Doc::Machine { key, doc, .. } => upsert_machine(&mut tx, key, doc).await?,
+                Doc::Job { key, doc, spec } => {
+                    let m = spec.machine_key(&key.namespace);
+                    let job = NewJob {
+                        key,
+                        kind: JobKind::Job,
+                        doc,
+                        machine: Some(&m),
+                        connection: None,
+                        tasks: &spec.tasks,
+                    };
+                    insert_job(&mut tx, &job).await?
+                }
+                Doc::Task {
+                    key,
+                    doc,
+                    connection,
+                    action,
+                } => {
+                    let job = NewJob {
+                        key,
+                        kind: JobKind::Task,
+                        doc,
+                        machine: None,
+                        connection: Some(connection),
+                        tasks: std::slice::from_ref(action),
+                    };
+                    insert_job(&mut tx, &job).await?
+                }
+            };
+            out.push(o);
         }
-        let now = now_ms();
-        sqlx::query(
-            "INSERT INTO bmc_machines (namespace, name, doc, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?)
-             ON CONFLICT (namespace, name) DO UPDATE SET doc = excluded.doc, updated_ms = excluded.updated_ms",
-        )
-        .bind(&key.namespace)
-        .bind(&key.name)
-        .bind(text)
-        .bind(now)
-        .bind(now)
-        .execute(self.pool())
-        .await?;
-        Ok(if old.is_some() {
-            Outcome::Configured
-        } else {
-            Outcome::Created
-        })
+        tx.commit().await?;
+        Ok(out)
     }
 
-    pub async fn upsert_secret(&self, key: &Key, c: &Credentials) -> Result<Outcome, StoreError> {
-        let old = self.secret(key).await?;
-        if old.as_ref() == Some(c) {
-            return Ok(Outcome::Unchanged);
-        }
-        sqlx::query(
-            "INSERT INTO bmc_secrets (namespace, name, username, password, updated_ms) VALUES (?, ?, ?, ?, ?)
-             ON CONFLICT (namespace, name) DO UPDATE
-             SET username = excluded.username, password = excluded.password, updated_ms = excluded.updated_ms",
-        )
-        .bind(&key.namespace)
-        .bind(&key.name)
-        .bind(&c.username)
-        .bind(&c.password)
-        .bind(now_ms())
-        .execute(self.pool())
-        .await?;
-        Ok(if old.is_some() {
-            Outcome::Configured
-        } else {
-            Outcome::Created
-        })
+    /// One new job in its own transaction.
+    pub async fn insert_job(&self, job: &NewJob<'_>) -> Result<Outcome, StoreError> {
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let o = insert_job(&mut tx, job).await?;
+        tx.commit().await?;
+        Ok(o)
     }
 
     pub async fn secret(&self, key: &Key) -> Result<Option<Credentials>, StoreError> {
-        let r: Option<(String, String)> = sqlx::query_as(
-            "SELECT username, password FROM bmc_secrets WHERE namespace = ? AND name = ?",
-        )
-        .bind(&key.namespace)
-        .bind(&key.name)
-        .fetch_optional(self.pool())
-        .await?;
-        Ok(r.map(|(username, password)| Credentials { username, password }))
+        let mut conn = self.pool().acquire().await?;
+        secret(&mut conn, key).await
     }
 
     pub async fn bmc_machine(&self, key: &Key) -> Result<Option<BmcMachineRow>, StoreError> {
@@ -176,7 +222,8 @@ impl Store {
         .bind(&key.name)
         .fetch_optional(self.pool())
         .await?;
-        r.map(|(d, p, c)| machine_row(key, d, p, c)).transpose()
+        r.map(|(d, p, c)| machine_row(key.clone(), d, p, c))
+            .transpose()
     }
 
     pub async fn bmc_machines(
@@ -191,20 +238,20 @@ impl Store {
         .fetch_all(self.pool())
         .await?;
         rows.into_iter()
-            .map(|(ns, n, d, p, c)| machine_row(&Key::new(ns, n), d, p, c))
+            .map(|(ns, n, d, p, c)| machine_row(Key::new(ns, n), d, p, c))
             .collect()
     }
 
     pub async fn set_bmc_status(
         &self,
         key: &Key,
-        power: Option<&str>,
+        power: Option<PowerState>,
         contactable: &Value,
     ) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE bmc_machines SET power_state = COALESCE(?, power_state), contactable = ? WHERE namespace = ? AND name = ?",
         )
-        .bind(power)
+        .bind(power.map(PowerState::as_str))
         .bind(contactable.to_string())
         .bind(&key.namespace)
         .bind(&key.name)
@@ -213,66 +260,8 @@ impl Store {
         Ok(())
     }
 
-    /// A new job; jobs are immutable, so an existing name with another
-    /// document is refused (a Conflict naming the job).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn insert_job(
-        &self,
-        key: &Key,
-        kind: &str,
-        doc: &Value,
-        machine: Option<&Key>,
-        connection: Option<&Connection>,
-        tasks: &[Action],
-    ) -> Result<Outcome, StoreError> {
-        let old: Option<(String,)> =
-            sqlx::query_as("SELECT doc FROM bmc_jobs WHERE namespace = ? AND name = ?")
-                .bind(&key.namespace)
-                .bind(&key.name)
-                .fetch_optional(self.pool())
-                .await?;
-        if let Some((o,)) = old {
-            if serde_json::from_str::<Value>(&o).ok().as_ref() == Some(doc) {
-                return Ok(Outcome::Unchanged);
-            }
-            return Err(StoreError::Conflict {
-                field: "metadata.name".into(),
-                message: format!("{kind} {key} exists and jobs cannot be changed; use a new name"),
-                owner: key.clone(),
-            });
-        }
-        let states: Vec<TaskState> = tasks
-            .iter()
-            .map(|_| TaskState {
-                state: "pending".into(),
-                ..TaskState::default()
-            })
-            .collect();
-        sqlx::query(
-            "INSERT INTO bmc_jobs (namespace, name, kind, doc, machine_ns, machine_name, connection, tasks, state, task_states, created_ms)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-        )
-        .bind(&key.namespace)
-        .bind(&key.name)
-        .bind(kind)
-        .bind(doc.to_string())
-        .bind(machine.map(|m| m.namespace.clone()))
-        .bind(machine.map(|m| m.name.clone()))
-        .bind(connection.map(json))
-        .bind(json(tasks))
-        .bind(json(&states))
-        .bind(now_ms())
-        .execute(self.pool())
-        .await?;
-        Ok(Outcome::Created)
-    }
-
     pub async fn job(&self, key: &Key) -> Result<Option<JobRow>, StoreError> {
-        let r: Option<JobTuple> = sqlx::query_as(
-            "SELECT id, namespace, name, kind, machine_ns, machine_name, connection, tasks, state, task_states,
-                    message, created_ms, started_ms, completed_ms
-             FROM bmc_jobs WHERE namespace = ? AND name = ?",
-        )
+        let r: Option<JobTuple> = sqlx::query_as(select_jobs!("WHERE namespace = ? AND name = ?"))
             .bind(&key.namespace)
             .bind(&key.name)
             .fetch_optional(self.pool())
@@ -281,15 +270,12 @@ impl Store {
     }
 
     /// Jobs in one state (or all), oldest first.
-    pub async fn jobs(&self, state: Option<&str>) -> Result<Vec<JobRow>, StoreError> {
-        let rows: Vec<JobTuple> = sqlx::query_as(
-            "SELECT id, namespace, name, kind, machine_ns, machine_name, connection, tasks, state, task_states,
-                    message, created_ms, started_ms, completed_ms
-             FROM bmc_jobs WHERE ?1 IS NULL OR state = ?1 ORDER BY id",
-        )
-            .bind(state)
-            .fetch_all(self.pool())
-            .await?;
+    pub async fn jobs(&self, state: Option<State>) -> Result<Vec<JobRow>, StoreError> {
+        let rows: Vec<JobTuple> =
+            sqlx::query_as(select_jobs!("WHERE ?1 IS NULL OR state = ?1 ORDER BY id"))
+                .bind(state)
+                .fetch_all(self.pool())
+                .await?;
         rows.into_iter().map(job_row).collect()
     }
 
@@ -298,8 +284,8 @@ impl Store {
         sqlx::query(
             "UPDATE bmc_jobs SET state = ?, task_states = ?, message = ?, started_ms = ?, completed_ms = ? WHERE id = ?",
         )
-        .bind(&j.state)
-        .bind(json(&j.task_states))
+        .bind(j.state)
+        .bind(json(&j.task_states)?)
         .bind(&j.message)
         .bind(j.started_ms)
         .bind(j.completed_ms)
@@ -310,12 +296,133 @@ impl Store {
     }
 }
 
-fn json<T: Serialize + ?Sized>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_default()
+async fn upsert_machine(
+    tx: &mut SqliteConnection,
+    key: &Key,
+    doc: &Value,
+) -> Result<Outcome, StoreError> {
+    let old: Option<(String,)> =
+        sqlx::query_as("SELECT doc FROM bmc_machines WHERE namespace = ? AND name = ?")
+            .bind(&key.namespace)
+            .bind(&key.name)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if let Some((o,)) = &old
+        && serde_json::from_str::<Value>(o).ok().as_ref() == Some(doc)
+    {
+        return Ok(Outcome::Unchanged);
+    }
+    let now = now_ms();
+    sqlx::query(
+        "INSERT INTO bmc_machines (namespace, name, doc, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?)
+         ON CONFLICT (namespace, name) DO UPDATE SET doc = excluded.doc, updated_ms = excluded.updated_ms",
+    )
+    .bind(&key.namespace)
+    .bind(&key.name)
+    .bind(doc.to_string())
+    .bind(now)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    Ok(if old.is_some() {
+        Outcome::Configured
+    } else {
+        Outcome::Created
+    })
+}
+
+async fn secret(tx: &mut SqliteConnection, key: &Key) -> Result<Option<Credentials>, StoreError> {
+    let r: Option<(String, String)> = sqlx::query_as(
+        "SELECT username, password FROM bmc_secrets WHERE namespace = ? AND name = ?",
+    )
+    .bind(&key.namespace)
+    .bind(&key.name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(r.map(|(username, password)| Credentials { username, password }))
+}
+
+async fn upsert_secret(
+    tx: &mut SqliteConnection,
+    key: &Key,
+    c: &Credentials,
+) -> Result<Outcome, StoreError> {
+    let old = secret(tx, key).await?;
+    if old.as_ref() == Some(c) {
+        return Ok(Outcome::Unchanged);
+    }
+    sqlx::query(
+        "INSERT INTO bmc_secrets (namespace, name, username, password, updated_ms) VALUES (?, ?, ?, ?, ?)
+         ON CONFLICT (namespace, name) DO UPDATE
+         SET username = excluded.username, password = excluded.password, updated_ms = excluded.updated_ms",
+    )
+    .bind(&key.namespace)
+    .bind(&key.name)
+    .bind(&c.username)
+    .bind(&c.password)
+    .bind(now_ms())
+    .execute(&mut *tx)
+    .await?;
+    Ok(if old.is_some() {
+        Outcome::Configured
+    } else {
+        Outcome::Created
+    })
+}
+
+/// A new job; jobs are immutable, so an existing name with another
+/// document is refused (a Conflict naming the job).
+async fn insert_job(tx: &mut SqliteConnection, j: &NewJob<'_>) -> Result<Outcome, StoreError> {
+    let key = j.key;
+    let old: Option<(String,)> =
+        sqlx::query_as("SELECT doc FROM bmc_jobs WHERE namespace = ? AND name = ?")
+            .bind(&key.namespace)
+            .bind(&key.name)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if let Some((o,)) = old {
+        if serde_json::from_str::<Value>(&o).ok().as_ref() == Some(j.doc) {
+            return Ok(Outcome::Unchanged);
+        }
+        return Err(StoreError::Conflict {
+            field: "metadata.name".into(),
+            message: format!(
+                "{:?} {key} exists and jobs cannot be changed; use a new name",
+                j.kind
+            ),
+            owner: key.clone(),
+        });
+    }
+    let states = vec![TaskState::default(); j.tasks.len()];
+    sqlx::query(
+        "INSERT INTO bmc_jobs (namespace, name, kind, doc, machine_ns, machine_name, connection, tasks, state, task_states, created_ms)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&key.namespace)
+    .bind(&key.name)
+    .bind(j.kind)
+    .bind(j.doc.to_string())
+    .bind(j.machine.map(|m| m.namespace.clone()))
+    .bind(j.machine.map(|m| m.name.clone()))
+    .bind(j.connection.map(json).transpose()?)
+    .bind(json(j.tasks)?)
+    .bind(State::Pending)
+    .bind(json(&states)?)
+    .bind(now_ms())
+    .execute(&mut *tx)
+    .await?;
+    Ok(Outcome::Created)
+}
+
+/// Typed values as JSON text for a column. They are plain structs of
+/// strings, numbers and enums, which serialise; should one not, the write
+/// fails with the reason rather than storing an empty value.
+fn json<T: Serialize + ?Sized>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError::Io(std::io::Error::other(e)))
 }
 
 fn machine_row(
-    key: &Key,
+    key: Key,
     d: String,
     p: String,
     c: Option<String>,
@@ -323,7 +430,8 @@ fn machine_row(
     Ok(BmcMachineRow {
         doc: serde_json::from_str(&d)
             .map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))?,
-        power_state: p,
+        key,
+        power_state: PowerState::from_str_lossy(&p),
         contactable: c.and_then(|c| serde_json::from_str(&c).ok()),
     })
 }

@@ -2,7 +2,7 @@
 //! event log, so an OSIE's boot messages sit next to its DHCP and TFTP
 //! history. Lines from unknown addresses are counted, not stored.
 
-use crate::events::{Event, EventSink};
+use crate::events::{Event, EventSink, Kind};
 use crate::inventory::Inventory;
 use crate::metrics::Metrics;
 use serde_json::json;
@@ -142,13 +142,13 @@ pub async fn serve(
             continue;
         };
         let snap = inventory.snapshot();
-        let Some(m) = snap.by_ip(&src.ip()) else {
+        let Some((m, _)) = snap.by_ip(&src.ip()) else {
             metrics.syslog("unknown_source");
             continue;
         };
         metrics.syslog("stored");
         events.record(
-            Event::new("syslog", line.text)
+            Event::new(Kind::Syslog, line.text)
                 .machine(m.key.clone())
                 .ip(src.ip())
                 .fields(json!({"facility": line.facility, "severity": line.severity})),

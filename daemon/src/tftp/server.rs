@@ -5,7 +5,7 @@
 
 use super::proto::{self, BadRequest, ErrorCode, Limits, Step};
 use super::{MemHandler, Refusal, resolve};
-use crate::events::Event;
+use crate::events::{Event, Kind};
 use crate::hardware::Mac;
 use bytes::Bytes;
 use nix::sys::socket::{self, ControlMessage, MsgFlags, sockopt};
@@ -208,8 +208,8 @@ async fn handle(
             tracing::info!(client = %peer, path = req.path, reason = why, "tftp: refused");
             let p = &req.path;
             let mut e =
-                Event::new("tftp.refused", format!("TFTP {p:?} refused: {why}")).ip(peer.ip());
-            if let Some(m) = h.inventory.snapshot().by_ip(&peer.ip()) {
+                Event::new(Kind::TftpRefused, format!("TFTP {p:?} refused: {why}")).ip(peer.ip());
+            if let Some((m, _)) = h.inventory.snapshot().by_ip(&peer.ip()) {
                 e = e.machine(m.key.clone());
             }
             h.events.record(e);
@@ -387,9 +387,9 @@ fn record(
 ) {
     let secs = started.elapsed().as_secs_f64();
     let (kind, verb) = if sent {
-        ("tftp.sent", "sent")
+        (Kind::TftpSent, "sent")
     } else {
-        ("tftp.aborted", "aborted")
+        (Kind::TftpAborted, "aborted")
     };
     h.metrics.tftp(verb);
     if sent {
@@ -399,7 +399,7 @@ fn record(
     let machine = mac
         .and_then(|m| snap.by_mac(&m))
         .or_else(|| snap.by_ip(&client.ip()))
-        .map(|m| m.key.clone());
+        .map(|(m, _)| m.key.clone());
     let mut e = Event::new(
         kind,
         format!("TFTP {name} {verb} to {client} ({bytes} of {size} bytes, {secs:.2}s)"),
@@ -502,7 +502,7 @@ mod tests {
         assert_eq!(got.as_slice(), FILE);
         c.send_to(&[0, 4, 0, 4], port).await.unwrap();
         let e = event(&mut rx).await;
-        assert_eq!(e.kind, "tftp.sent", "{e:?}");
+        assert_eq!(e.kind, Kind::TftpSent, "{e:?}");
         assert_eq!(json_of(e.fields)["bytes"], 100);
         // Nothing else came, from either port.
         assert!(
@@ -530,7 +530,7 @@ mod tests {
         let (e, _) = recv(&c).await.unwrap();
         assert_eq!(&e[..4], &[0, 5, 0, 0], "an ERROR at the end");
         let ev = event(&mut rx).await;
-        assert_eq!(ev.kind, "tftp.aborted");
+        assert_eq!(ev.kind, Kind::TftpAborted);
         assert_eq!(json_of(ev.fields)["bytes"], 0);
     }
 
@@ -555,8 +555,8 @@ mod tests {
             let (e, _) = recv(&c).await.unwrap();
             assert_eq!(&e[..4], &[0, 5, 0, code], "{req:?}");
         }
-        assert_eq!(event(&mut rx).await.kind, "tftp.refused");
-        assert_eq!(event(&mut rx).await.kind, "tftp.refused");
+        assert_eq!(event(&mut rx).await.kind, Kind::TftpRefused);
+        assert_eq!(event(&mut rx).await.kind, Kind::TftpRefused);
         // Garbage gets no answer.
         c.send_to(b"\0\x09hello", srv).await.unwrap();
         assert!(

@@ -1,11 +1,15 @@
 //! The per-machine event log. Hot paths hand events to an [`EventSink`]
 //! without waiting (a bounded channel, `try_send`); one writer task batches
-//! them into SQLite transactions. When the queue is full an event is dropped
-//! and counted, never waited for.
+//! them into transactions of the log's own database ([`log`]). When the
+//! queue is full an event is dropped and counted, never waited for.
 
+pub mod log;
+
+pub use log::{EventLog, EventQuery, EventRow};
+
+use crate::clock::now_ms;
 use crate::hardware::{Key, Mac};
 use crate::metrics::Metrics;
-use crate::store::{Store, now_ms};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,14 +28,109 @@ const BATCH: usize = 4096;
 /// holds what arrives meanwhile.
 const LINGER: Duration = Duration::from_millis(100);
 
+/// What an event is about: stored as its dotted name (`dhcp.offer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Kind {
+    #[serde(rename = "hardware.created")]
+    HardwareCreated,
+    #[serde(rename = "hardware.updated")]
+    HardwareUpdated,
+    #[serde(rename = "hardware.deleted")]
+    HardwareDeleted,
+    #[serde(rename = "dhcp.offer")]
+    DhcpOffer,
+    #[serde(rename = "dhcp.ack")]
+    DhcpAck,
+    #[serde(rename = "dhcp.nak")]
+    DhcpNak,
+    #[serde(rename = "dhcp.inform")]
+    DhcpInform,
+    #[serde(rename = "dhcp.release")]
+    DhcpRelease,
+    #[serde(rename = "dhcp.decline")]
+    DhcpDecline,
+    #[serde(rename = "dhcp.proxy_offer")]
+    DhcpProxyOffer,
+    #[serde(rename = "dhcp.proxy_ack")]
+    DhcpProxyAck,
+    #[serde(rename = "tftp.sent")]
+    TftpSent,
+    #[serde(rename = "tftp.aborted")]
+    TftpAborted,
+    #[serde(rename = "tftp.refused")]
+    TftpRefused,
+    #[serde(rename = "ipxe.script")]
+    IpxeScript,
+    #[serde(rename = "ipxe.refused")]
+    IpxeRefused,
+    #[serde(rename = "http.artifact")]
+    HttpArtifact,
+    #[serde(rename = "metadata.read")]
+    MetadataRead,
+    #[serde(rename = "syslog")]
+    Syslog,
+    #[serde(rename = "bmc.netboot")]
+    BmcNetboot,
+    #[serde(rename = "bmc.power")]
+    BmcPower,
+    #[serde(rename = "bmc.bootdev")]
+    BmcBootdev,
+    #[serde(rename = "bmc.failed")]
+    BmcFailed,
+    #[serde(rename = "bmc.power_changed")]
+    BmcPowerChanged,
+    #[cfg(test)]
+    #[serde(rename = "test")]
+    Test,
+}
+
+impl Kind {
+    /// The stored name, also a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::HardwareCreated => "hardware.created",
+            Kind::HardwareUpdated => "hardware.updated",
+            Kind::HardwareDeleted => "hardware.deleted",
+            Kind::DhcpOffer => "dhcp.offer",
+            Kind::DhcpAck => "dhcp.ack",
+            Kind::DhcpNak => "dhcp.nak",
+            Kind::DhcpInform => "dhcp.inform",
+            Kind::DhcpRelease => "dhcp.release",
+            Kind::DhcpDecline => "dhcp.decline",
+            Kind::DhcpProxyOffer => "dhcp.proxy_offer",
+            Kind::DhcpProxyAck => "dhcp.proxy_ack",
+            Kind::TftpSent => "tftp.sent",
+            Kind::TftpAborted => "tftp.aborted",
+            Kind::TftpRefused => "tftp.refused",
+            Kind::IpxeScript => "ipxe.script",
+            Kind::IpxeRefused => "ipxe.refused",
+            Kind::HttpArtifact => "http.artifact",
+            Kind::MetadataRead => "metadata.read",
+            Kind::Syslog => "syslog",
+            Kind::BmcNetboot => "bmc.netboot",
+            Kind::BmcPower => "bmc.power",
+            Kind::BmcBootdev => "bmc.bootdev",
+            Kind::BmcFailed => "bmc.failed",
+            Kind::BmcPowerChanged => "bmc.power_changed",
+            #[cfg(test)]
+            Kind::Test => "test",
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub ts_ms: i64,
     pub machine: Option<Key>,
     pub mac: Option<Mac>,
     pub ip: Option<IpAddr>,
-    /// Short, stable, dotted: `hardware.created`, `dhcp.offer`, `tftp.sent`.
-    pub kind: &'static str,
+    pub kind: Kind,
     pub message: String,
     /// A JSON object, as text: hot paths serialise typed fields straight
     /// into it, and the writer stores it as it is.
@@ -39,7 +138,7 @@ pub struct Event {
 }
 
 impl Event {
-    pub fn new(kind: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(kind: Kind, message: impl Into<String>) -> Self {
         Event {
             ts_ms: now_ms(),
             machine: None,
@@ -67,9 +166,14 @@ impl Event {
     }
 
     /// Fields: anything that serialises as a JSON object (a `json!` map or
-    /// a typed struct, which skips building a `Value` first).
+    /// a typed struct, which skips building a `Value` first). Should they
+    /// not serialise, the event keeps the reason in their place and the log
+    /// says so: an event is never silently stripped.
     pub fn fields<T: serde::Serialize>(mut self, fields: T) -> Self {
-        self.fields = serde_json::to_string(&fields).ok();
+        self.fields = Some(serde_json::to_string(&fields).unwrap_or_else(|e| {
+            tracing::warn!(kind = %self.kind, error = %e, "event fields do not serialise");
+            serde_json::json!({ "fields_error": e.to_string() }).to_string()
+        }));
         self
     }
 }
@@ -155,7 +259,7 @@ impl Trimmer {
 }
 
 /// Runs [`writer`] on a thread of its own, at the lowest CPU priority like
-/// the event log's SQLite thread ([`crate::store::lower_this_thread`]),
+/// the event log's SQLite thread ([`crate::priority::lower_this_thread`]),
 /// with a runtime of its own; the receiver yields when it has finished.
 /// On the shared runtime its batches (the SQL built and bound for a
 /// transaction every 100 ms under load) took time slices on equal terms
@@ -166,7 +270,7 @@ impl Trimmer {
 /// DHCP thread still waited in the run queue, which `SCHED_IDLE` ended).
 pub fn spawn_writer(
     rx: mpsc::Receiver<Event>,
-    store: Store,
+    log: EventLog,
     metrics: Arc<Metrics>,
     per_machine: u32,
     max_age: Duration,
@@ -178,8 +282,8 @@ pub fn spawn_writer(
     std::thread::Builder::new()
         .name("events".into())
         .spawn(move || {
-            crate::store::lower_this_thread();
-            rt.block_on(writer(rx, store, metrics, per_machine, max_age));
+            crate::priority::lower_this_thread();
+            rt.block_on(writer(rx, log, metrics, per_machine, max_age));
             let _ = done.send(());
         })?;
     Ok(finished)
@@ -191,13 +295,13 @@ pub fn spawn_writer(
 /// events are expired once an hour.
 pub async fn writer(
     mut rx: mpsc::Receiver<Event>,
-    store: Store,
+    log: EventLog,
     metrics: Arc<Metrics>,
     per_machine: u32,
     max_age: Duration,
 ) {
     // Whatever an earlier run left untrimmed (up to SLACK - 1 a machine).
-    trim_all(&store, per_machine).await;
+    trim_all(&log, per_machine).await;
     let mut buf = Vec::with_capacity(BATCH);
     let mut trimmer = Trimmer::default();
     let mut expire = tokio::time::interval(Duration::from_secs(3600));
@@ -224,7 +328,7 @@ pub async fn writer(
                 }
                 let n = buf.len();
                 let due = trimmer.count(&buf);
-                match store.insert_events(&buf, &due, per_machine).await {
+                match log.insert(&buf, &due, per_machine).await {
                     Ok(()) => {
                         metrics.events_written.inc_by(n as u64);
                     }
@@ -235,12 +339,12 @@ pub async fn writer(
                     }
                 }
                 if trimmer.take_overflow() {
-                    trim_all(&store, per_machine).await;
+                    trim_all(&log, per_machine).await;
                 }
                 buf.clear();
             }
             _ = expire.tick() => {
-                match store.expire_events(max_age).await {
+                match log.expire(max_age).await {
                     Ok(n) if n > 0 => tracing::info!(deleted = n, "expired old events"),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "expiring events failed"),
@@ -252,8 +356,8 @@ pub async fn writer(
     // trimming 100k of them one by one here would hold up the shutdown.
 }
 
-async fn trim_all(store: &Store, per_machine: u32) {
-    match store.trim_all_events(per_machine).await {
+async fn trim_all(log: &EventLog, per_machine: u32) {
+    match log.trim_all(per_machine).await {
         Ok(n) if n > 0 => tracing::info!(deleted = n, "trimmed events"),
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "trimming events failed"),
@@ -269,7 +373,7 @@ mod tests {
         let m = Arc::new(Metrics::new());
         let (sink, mut rx) = channel(2, m.clone());
         for i in 0..5 {
-            sink.record(Event::new("test", format!("e{i}")));
+            sink.record(Event::new(Kind::Test, format!("e{i}")));
         }
         assert_eq!(m.events_dropped.get(), 3);
         assert_eq!(rx.try_recv().unwrap().message, "e0");
@@ -302,12 +406,12 @@ mod tests {
     #[tokio::test]
     async fn spawned_writer_runs_idle_and_finishes() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let store = EventLog::open(&dir.path().join(log::FILE)).await.unwrap();
         let m = Arc::new(Metrics::new());
         let (sink, rx) = channel(100, m.clone());
         let done =
             spawn_writer(rx, store.clone(), m.clone(), 10, Duration::from_secs(3600)).unwrap();
-        sink.record(Event::new("test", "one"));
+        sink.record(Event::new(Kind::Test, "one"));
         for _ in 0..200 {
             if m.events_written.get() == 1 {
                 break;
@@ -317,10 +421,10 @@ mod tests {
         assert_eq!(m.events_written.get(), 1);
         let (ours, policy) = priority_of(None).unwrap();
         assert_eq!(policy, 0, "the test runs under SCHED_OTHER");
-        let want = (ours + i64::from(crate::store::BACKGROUND_NICE)).min(19);
+        let want = (ours + i64::from(crate::priority::BACKGROUND_NICE)).min(19);
         assert_eq!(
             priority_of(Some("events")),
-            Some((want, crate::store::SCHED_IDLE))
+            Some((want, crate::priority::SCHED_IDLE))
         );
         drop(sink);
         tokio::time::timeout(Duration::from_secs(10), done)
@@ -333,33 +437,33 @@ mod tests {
     #[tokio::test]
     async fn writer_batches_trims_and_exits() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let store = EventLog::open(&dir.path().join(log::FILE)).await.unwrap();
         let m = Arc::new(Metrics::new());
         let (sink, rx) = channel(1000, m.clone());
         let k = Key::new("default", "m1");
         for i in 0..50 {
-            sink.record(Event::new("test", format!("e{i}")).machine(k.clone()));
+            sink.record(Event::new(Kind::Test, format!("e{i}")).machine(k.clone()));
         }
-        sink.record(Event::new("test", "stray"));
+        sink.record(Event::new(Kind::Test, "stray"));
         drop(sink);
         writer(rx, store.clone(), m.clone(), 10, Duration::from_secs(3600)).await;
         assert_eq!(m.events_written.get(), 51);
-        let q = crate::store::EventQuery {
+        let q = EventQuery {
             machine: Some(k),
             after: None,
             limit: 100,
         };
         // Fewer than SLACK events: not trimmed until the next start.
-        assert_eq!(store.events(&q).await.unwrap().len(), 50);
+        assert_eq!(store.query(&q).await.unwrap().len(), 50);
         let (_sink, rx) = channel(1, m.clone());
         drop(_sink);
         writer(rx, store.clone(), m.clone(), 10, Duration::from_secs(3600)).await;
-        let rows = store.events(&q).await.unwrap();
+        let rows = store.query(&q).await.unwrap();
         assert_eq!(rows.len(), 10, "trimmed to per_machine");
         assert_eq!(rows.first().unwrap().message, "e40");
         assert_eq!(rows.last().unwrap().message, "e49");
         let all = store
-            .events(&crate::store::EventQuery {
+            .query(&EventQuery {
                 limit: 100,
                 ..Default::default()
             })
@@ -370,7 +474,7 @@ mod tests {
     }
 
     fn ev(machine: Option<&Key>, i: usize) -> Event {
-        let e = Event::new("test", format!("e{i}"));
+        let e = Event::new(Kind::Test, format!("e{i}"));
         match machine {
             Some(k) => e.machine(k.clone()),
             None => e,
@@ -413,19 +517,19 @@ mod tests {
         assert!(!t.take_overflow(), "once");
     }
 
-    async fn count(store: &Store, k: &Key) -> usize {
-        let q = crate::store::EventQuery {
+    async fn count(store: &EventLog, k: &Key) -> usize {
+        let q = EventQuery {
             machine: Some(k.clone()),
             after: None,
             limit: 100_000,
         };
-        store.events(&q).await.unwrap().len()
+        store.query(&q).await.unwrap().len()
     }
 
     #[tokio::test]
     async fn lazy_trim_keeps_at_most_per_machine_plus_slack() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let store = EventLog::open(&dir.path().join(log::FILE)).await.unwrap();
         let k = Key::new("default", "m1");
         let per = 10u32;
         let mut t = Trimmer::default();
@@ -433,7 +537,7 @@ mod tests {
         for i in 0..(3 * SLACK as usize + 5) {
             let batch = [ev(Some(&k), i)];
             let due = t.count(&batch);
-            store.insert_events(&batch, &due, per).await.unwrap();
+            store.insert(&batch, &due, per).await.unwrap();
             let n = count(&store, &k).await;
             if !due.is_empty() {
                 assert_eq!(n, per as usize, "trimmed to per_machine");
@@ -443,14 +547,14 @@ mod tests {
         assert_eq!(max, (per + SLACK - 1) as usize);
         // What a stopped writer leaves untrimmed, start-up trims.
         assert!(count(&store, &k).await > per as usize);
-        store.trim_all_events(per).await.unwrap();
+        store.trim_all(per).await.unwrap();
         assert_eq!(count(&store, &k).await, per as usize);
     }
 
     #[tokio::test]
     async fn batch_insert_keeps_order_and_content() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let store = EventLog::open(&dir.path().join(log::FILE)).await.unwrap();
         let k = Key::new("default", "m1");
         let batch: Vec<Event> = (0..(64 + 32 + 4 + 1))
             .map(|i| {
@@ -460,9 +564,9 @@ mod tests {
                     .fields(serde_json::json!({"i": i}))
             })
             .collect();
-        store.insert_events(&batch, &[], 1000).await.unwrap();
+        store.insert(&batch, &[], 1000).await.unwrap();
         let rows = store
-            .events(&crate::store::EventQuery {
+            .query(&EventQuery {
                 limit: 1000,
                 ..Default::default()
             })
@@ -482,18 +586,18 @@ mod tests {
     #[tokio::test]
     async fn start_up_trims_every_machine_and_keyless_events() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let store = EventLog::open(&dir.path().join(log::FILE)).await.unwrap();
         let a = Key::new("default", "a");
         let b = Key::new("other", "a");
         let batch: Vec<Event> = (0..30)
             .flat_map(|i| [ev(Some(&a), i), ev(Some(&b), i), ev(None, i)])
             .collect();
-        store.insert_events(&batch, &[], 5).await.unwrap();
-        assert_eq!(store.trim_all_events(5).await.unwrap(), 75);
+        store.insert(&batch, &[], 5).await.unwrap();
+        assert_eq!(store.trim_all(5).await.unwrap(), 75);
         assert_eq!(count(&store, &a).await, 5);
         assert_eq!(count(&store, &b).await, 5);
         let all = store
-            .events(&crate::store::EventQuery {
+            .query(&EventQuery {
                 limit: 1000,
                 ..Default::default()
             })

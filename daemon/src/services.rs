@@ -1,0 +1,353 @@
+//! The one write path. Every change to the inventory and the BMC state
+//! goes through a service here, whoever asks: the admin API, the CLI
+//! (through the API), and the subsystems still to come (the Kubernetes
+//! mirror, the workflow engine). A write is: the store first (one
+//! transaction), then the snapshot, then the events, under one lock, so
+//! snapshots are published in commit order and a read-modify-write cannot
+//! lose another writer's change.
+
+use crate::bmc::model::{Action, BootDeviceAction, Doc};
+use crate::bmc::{BootDevice, PowerAction};
+use crate::clock::now_ms;
+use crate::events::{Event, EventSink, Kind};
+use crate::hardware::{self, FieldError, Firmware, Hardware, Key};
+use crate::inventory::{Inventory, Patch};
+use crate::metrics::Metrics;
+use crate::store::bmc::{JobKind, NewJob};
+use crate::store::{Outcome, Store, StoreError};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use tokio::sync::{Mutex, Notify};
+
+/// Why a use case refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad input, with the field it is about.
+    #[error("{0}")]
+    Invalid(#[from] FieldError),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Hardware: apply, delete, and the changes other use cases make to it.
+pub struct HardwareService {
+    store: Store,
+    inventory: Arc<Inventory>,
+    events: EventSink,
+    metrics: Arc<Metrics>,
+    /// Held from the read of a read-modify-write (or the start of a plain
+    /// write) to the publication of the snapshot.
+    write: Mutex<()>,
+}
+
+impl HardwareService {
+    pub fn new(
+        store: Store,
+        inventory: Arc<Inventory>,
+        events: EventSink,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        metrics.hardware.set(inventory.snapshot().len() as i64);
+        HardwareService {
+            store,
+            inventory,
+            events,
+            metrics,
+            write: Mutex::new(()),
+        }
+    }
+
+    /// Apply a batch atomically. Unchanged documents are not rewritten.
+    pub async fn apply(&self, items: Vec<Hardware>) -> Result<Vec<(Key, Outcome)>, StoreError> {
+        let _w = self.write.lock().await;
+        self.commit(items, &[]).await
+    }
+
+    /// Change one Hardware with `edit`, which gets the stored document and
+    /// may refuse. The read and the write happen under the write lock, and
+    /// the write is checked against the generation that was read: another
+    /// writer's change in between is never overwritten.
+    pub async fn update(
+        &self,
+        key: &Key,
+        edit: impl FnOnce(&mut Value) -> Result<(), FieldError>,
+    ) -> Result<Hardware, Error> {
+        let _w = self.write.lock().await;
+        let (mut doc, generation) = self
+            .store
+            .get_versioned(key)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("Hardware {key}")))?;
+        edit(&mut doc)?;
+        let hw = hardware::validate(doc)?;
+        self.commit(vec![hw.clone()], &[Some(generation)]).await?;
+        Ok(hw)
+    }
+
+    async fn commit(
+        &self,
+        items: Vec<Hardware>,
+        expect: &[Option<i64>],
+    ) -> Result<Vec<(Key, Outcome)>, StoreError> {
+        let outcomes = match self.store.apply_expecting(&items, expect).await {
+            Ok(o) => o,
+            Err(e) => {
+                if matches!(e, StoreError::Conflict { .. } | StoreError::Stale { .. }) {
+                    self.metrics.applied("conflict");
+                }
+                return Err(e);
+            }
+        };
+        let mut patch = Patch::default();
+        let mut result = Vec::with_capacity(items.len());
+        for (hw, outcome) in items.into_iter().zip(outcomes) {
+            let key = hw.machine.key.clone();
+            self.metrics.applied(outcome.as_str());
+            if outcome != Outcome::Unchanged {
+                let kind = match outcome {
+                    Outcome::Created => Kind::HardwareCreated,
+                    _ => Kind::HardwareUpdated,
+                };
+                self.events.record(
+                    Event::new(kind, format!("Hardware {key} {}", outcome.as_str()))
+                        .machine(key.clone()),
+                );
+                patch.upsert.push(hw.machine);
+            }
+            result.push((key, outcome));
+        }
+        if !patch.upsert.is_empty() {
+            self.publish(patch);
+        }
+        Ok(result)
+    }
+
+    /// True when the Hardware existed.
+    pub async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        let _w = self.write.lock().await;
+        let existed = self.store.delete(key).await?;
+        if existed {
+            self.metrics.hardware_deletes.inc();
+            self.publish(Patch {
+                upsert: vec![],
+                delete: vec![key.clone()],
+            });
+            self.events.record(
+                Event::new(Kind::HardwareDeleted, format!("Hardware {key} deleted"))
+                    .machine(key.clone()),
+            );
+        }
+        Ok(existed)
+    }
+
+    fn publish(&self, patch: Patch) {
+        let n = self.inventory.apply(patch);
+        self.metrics.inventory_swaps.inc();
+        self.metrics.hardware.set(n as i64);
+    }
+}
+
+/// BMCs: apply Rufio's documents and Secrets, and start jobs.
+pub struct BmcService {
+    store: Store,
+    events: EventSink,
+    /// Wakes the job runner.
+    pub wake: Arc<Notify>,
+}
+
+impl BmcService {
+    pub fn new(store: Store, events: EventSink, wake: Arc<Notify>) -> Self {
+        BmcService {
+            store,
+            events,
+            wake,
+        }
+    }
+
+    /// Apply checked documents in one transaction; the runner is woken
+    /// for the jobs among them.
+    pub async fn apply(&self, docs: &[Doc]) -> Result<Vec<Outcome>, StoreError> {
+        let out = self.store.apply_bmc(docs).await?;
+        if docs
+            .iter()
+            .any(|d| matches!(d, Doc::Job { .. } | Doc::Task { .. }))
+        {
+            self.wake.notify_one();
+        }
+        Ok(out)
+    }
+
+    /// Store a job of `tasks` for BMC Machine `machine` (named
+    /// `<machine>-<what>-<ms>`) and wake the runner; returns its key.
+    pub async fn start_job(
+        &self,
+        machine: &Key,
+        what: &str,
+        tasks: Vec<Action>,
+    ) -> Result<Key, Error> {
+        if self.store.bmc_machine(machine).await?.is_none() {
+            return Err(Error::NotFound(format!("BMC Machine {machine}")));
+        }
+        let name = format!("{}-{what}-{}", machine.name, now_ms());
+        let key = Key::new(machine.namespace.clone(), name.clone());
+        let doc = json!({
+            "apiVersion": crate::bmc::model::API_VERSION, "kind": "Job",
+            "metadata": {"name": name, "namespace": machine.namespace},
+            "spec": {"machineRef": {"name": machine.name, "namespace": machine.namespace}, "tasks": tasks},
+        });
+        self.store
+            .insert_job(&NewJob {
+                key: &key,
+                kind: JobKind::Job,
+                doc: &doc,
+                machine: Some(machine),
+                connection: None,
+                tasks: &tasks,
+            })
+            .await?;
+        self.wake.notify_one();
+        Ok(key)
+    }
+
+    /// Rufio's common job for a Hardware: allow PXE on every interface that
+    /// netboots, power off, boot from the network once (EFI when the
+    /// Hardware says UEFI), power on. The Hardware change goes through
+    /// [`HardwareService::update`].
+    pub async fn netboot(&self, hw: &HardwareService, key: &Key) -> Result<Key, Error> {
+        let changed = hw
+            .update(key, |doc| {
+                if doc.pointer("/spec/bmcRef/name").is_none() {
+                    return Err(FieldError::new(
+                        "spec.bmcRef",
+                        format!("Hardware {key} has no bmcRef"),
+                    ));
+                }
+                if let Some(Value::Array(ifaces)) = doc.pointer_mut("/spec/interfaces") {
+                    for i in ifaces.iter_mut().filter(|i| i.get("dhcp").is_some()) {
+                        match i.get_mut("netboot") {
+                            Some(Value::Object(n)) => {
+                                n.insert("allowPXE".into(), Value::Bool(true));
+                            }
+                            _ => i["netboot"] = json!({"allowPXE": true}),
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        let m = &changed.machine;
+        let bmc_name = m.bmc.as_deref().unwrap_or_default();
+        let bmc = Key::new(key.namespace.clone(), bmc_name);
+        let efi = m.interfaces.iter().any(|i| i.firmware == Firmware::Uefi);
+        let tasks = vec![
+            Action {
+                power_action: Some(PowerAction::Off),
+                ..Action::default()
+            },
+            Action {
+                boot_device: Some(BootDeviceAction {
+                    device: BootDevice::Pxe,
+                    persistent: false,
+                    efi_boot: efi,
+                }),
+                ..Action::default()
+            },
+            Action {
+                power_action: Some(PowerAction::On),
+                ..Action::default()
+            },
+        ];
+        self.events.record(
+            Event::new(
+                Kind::BmcNetboot,
+                format!("netboot requested through BMC {bmc}"),
+            )
+            .machine(key.clone()),
+        );
+        self.start_job(&bmc, "netboot", tasks).await
+    }
+}
+
+/// Every write path, for whoever changes something.
+pub struct Services {
+    pub hardware: HardwareService,
+    pub bmc: BmcService,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn service(dir: &tempfile::TempDir) -> (Arc<HardwareService>, Store) {
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (sink, _rx) = crate::events::channel(1 << 16, metrics.clone());
+        let inv = Arc::new(Inventory::default());
+        (
+            Arc::new(HardwareService::new(store.clone(), inv, sink, metrics)),
+            store,
+        )
+    }
+
+    fn doc(labels: Value) -> Hardware {
+        hardware::validate(json!({
+            "apiVersion": hardware::API_VERSION, "kind": "Hardware",
+            "metadata": {"name": "m1", "labels": labels},
+            "spec": {"interfaces": [{"dhcp": {"mac": "02:00:00:00:00:01"}}]}}))
+        .unwrap()
+    }
+
+    /// Concurrent read-modify-writes of one Hardware (what `machine
+    /// netboot` does beside a `hardware apply`) all land: none is
+    /// overwritten by another that read the document before it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_updates_lose_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (svc, store) = service(&dir).await;
+        svc.apply(vec![doc(json!({}))]).await.unwrap();
+        let key = Key::new("default", "m1");
+        let tasks: Vec<_> = (0..24)
+            .map(|i| {
+                let svc = svc.clone();
+                let key = key.clone();
+                tokio::spawn(async move {
+                    svc.update(&key, |d| {
+                        d["metadata"]["labels"][format!("l{i}")] = json!("x");
+                        Ok(())
+                    })
+                    .await
+                    .unwrap();
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let (d, generation) = store.get_versioned(&key).await.unwrap().unwrap();
+        let labels = d["metadata"]["labels"].as_object().unwrap();
+        assert_eq!(labels.len(), 24, "{labels:?}");
+        assert_eq!(generation, 25);
+        let snap = svc.inventory.snapshot();
+        assert_eq!(snap.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_edit_that_refuses_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (svc, store) = service(&dir).await;
+        svc.apply(vec![doc(json!({}))]).await.unwrap();
+        let key = Key::new("default", "m1");
+        let r = svc
+            .update(&key, |d| {
+                d["spec"]["interfaces"][0]["dhcp"]["mac"] = json!("nope");
+                Ok(())
+            })
+            .await;
+        assert!(matches!(r, Err(Error::Invalid(e)) if e.field == "spec.interfaces[0].dhcp.mac"));
+        assert_eq!(store.get_versioned(&key).await.unwrap().unwrap().1, 1);
+        let r = svc.update(&Key::new("default", "nope"), |_| Ok(())).await;
+        assert!(matches!(r, Err(Error::NotFound(_))));
+    }
+}

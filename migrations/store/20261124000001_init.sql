@@ -1,0 +1,80 @@
+-- tinkerbox.db: the source of truth. One migration while there is no
+-- release; a database from an older development build is refused with
+-- advice (store::migrate).
+
+-- Hardware objects, stored whole as applied (JSON text), plus the keys the
+-- boot path looks machines up by. A MAC or an IP belongs to one Hardware:
+-- the primary keys on hardware_mac/hardware_ip enforce it. `generation`
+-- counts the changes (1 when created): the optimistic check of a
+-- read-modify-write (Store::apply_expecting).
+CREATE TABLE hardware (
+    id          INTEGER PRIMARY KEY,
+    namespace   TEXT    NOT NULL,
+    name        TEXT    NOT NULL,
+    doc         TEXT    NOT NULL,
+    generation  INTEGER NOT NULL DEFAULT 1,
+    created_ms  INTEGER NOT NULL,
+    updated_ms  INTEGER NOT NULL,
+    UNIQUE (namespace, name)
+);
+
+CREATE TABLE hardware_mac (
+    mac          TEXT    PRIMARY KEY,
+    hardware_id  INTEGER NOT NULL REFERENCES hardware (id) ON DELETE CASCADE
+) WITHOUT ROWID;
+CREATE INDEX hardware_mac_owner ON hardware_mac (hardware_id);
+
+CREATE TABLE hardware_ip (
+    ip           TEXT    PRIMARY KEY,
+    hardware_id  INTEGER NOT NULL REFERENCES hardware (id) ON DELETE CASCADE
+) WITHOUT ROWID;
+CREATE INDEX hardware_ip_owner ON hardware_ip (hardware_id);
+
+-- BMCs (Rufio's Machine), their credentials (Secrets) and jobs of ordered
+-- tasks. Documents are kept whole as applied; credentials live apart and are
+-- never returned by the API.
+CREATE TABLE bmc_machines (
+    id           INTEGER PRIMARY KEY,
+    namespace    TEXT    NOT NULL,
+    name         TEXT    NOT NULL,
+    doc          TEXT    NOT NULL,
+    power_state  TEXT    NOT NULL DEFAULT 'unknown',
+    -- Rufio's Contactable condition: {"status": "True|False", "message", "time"}
+    contactable  TEXT,
+    created_ms   INTEGER NOT NULL,
+    updated_ms   INTEGER NOT NULL,
+    UNIQUE (namespace, name)
+);
+
+CREATE TABLE bmc_secrets (
+    namespace   TEXT    NOT NULL,
+    name        TEXT    NOT NULL,
+    username    TEXT    NOT NULL,
+    password    TEXT    NOT NULL,
+    updated_ms  INTEGER NOT NULL,
+    PRIMARY KEY (namespace, name)
+) WITHOUT ROWID;
+
+-- A Job (kind 'Job'), or a Rufio Task run as a one-task job (kind 'Task').
+-- task_states is a JSON array, one entry per task: {"state", "message",
+-- "attempts", "protocol"}. A task is marked running before it is sent, so
+-- that after a crash it is never sent twice.
+CREATE TABLE bmc_jobs (
+    id            INTEGER PRIMARY KEY,
+    namespace     TEXT    NOT NULL,
+    name          TEXT    NOT NULL,
+    kind          TEXT    NOT NULL,
+    doc           TEXT    NOT NULL,
+    machine_ns    TEXT,
+    machine_name  TEXT,
+    connection    TEXT,
+    tasks         TEXT    NOT NULL,
+    state         TEXT    NOT NULL,
+    task_states   TEXT    NOT NULL,
+    message       TEXT,
+    created_ms    INTEGER NOT NULL,
+    started_ms    INTEGER,
+    completed_ms  INTEGER,
+    UNIQUE (namespace, name)
+);
+CREATE INDEX bmc_jobs_state ON bmc_jobs (state, id);
