@@ -1,5 +1,6 @@
-//! Prometheus metrics (prometheus-client). Every metric registered here is
-//! updated somewhere; `tests/integration` reads `/metrics` to check it.
+//! Prometheus metrics (prometheus-client), served at `/metrics`: registered
+//! once here, and counted by the paths they describe, mostly through the
+//! helpers below.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -23,7 +23,7 @@ pub fn load_or_create(path: &Path) -> anyhow::Result<String> {
     let mut raw = [0u8; 32];
     getrandom::fill(&mut raw)
         .map_err(|e| anyhow::anyhow!("no randomness for the api token: {e}"))?;
-    let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let token = hex::encode(raw);
     // Write a temporary file with 0600 from the start, then rename: the token
     // is never world-readable, and a crash never leaves a half-written file.
     let tmp = path.with_extension("tmp");

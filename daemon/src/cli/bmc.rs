@@ -13,10 +13,11 @@ pub async fn apply(t: &Target, files: &[String]) -> anyhow::Result<()> {
     let mut failed = 0;
     for f in files {
         let text = read_input(f)?;
-        let docs = hardware::parse_documents(&text).map_err(|e| anyhow!("{f}: {}", e.message))?;
+        let docs = hardware::parse_located(&text).map_err(|e| anyhow!("{f}: {e}"))?;
         for (i, d) in docs.into_iter().enumerate() {
+            let line = d.line;
             match client
-                .call(Method::POST, "/api/v1/bmc", &[], Some(d))
+                .call(Method::POST, "/api/v1/bmc", &[], Some(d.doc))
                 .await?
             {
                 (s, v) if s.is_success() => {
@@ -36,7 +37,11 @@ pub async fn apply(t: &Target, files: &[String]) -> anyhow::Result<()> {
                 }
                 (s, v) => {
                     failed += 1;
-                    eprintln!("error: {f}: document {}: {}", i + 1, api_error(s, &v));
+                    eprintln!(
+                        "error: {f}: document {} (line {line}): {}",
+                        i + 1,
+                        api_error(s, &v)
+                    );
                 }
             }
         }

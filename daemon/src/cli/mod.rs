@@ -214,47 +214,79 @@ pub(crate) fn read_input(file: &str) -> anyhow::Result<String> {
     }
 }
 
+/// Documents sent per request in a non-atomic apply: few requests (and
+/// store transactions) for an inventory of thousands of machines.
+const BATCH: usize = 500;
+
 /// kubectl-style: each document on its own, so one bad document does not
-/// stop the others; `atomic` sends them as one all-or-nothing batch.
+/// stop the others. Documents are checked here first (the daemon's own
+/// rules: a bad one is reported with its file, index and line, and not
+/// sent), then the good ones go in batches of [`BATCH`], each one atomic;
+/// a batch the daemon refuses (a MAC or IP owned by another Hardware) is
+/// sent again document by document, so that only the culprit fails.
+/// `atomic` sends every document as one all-or-nothing request, and sends
+/// nothing if any document is bad.
 pub async fn apply(t: &Target, files: &[String], atomic: bool) -> anyhow::Result<()> {
-    let client = Client::new(t)?;
     let mut docs = Vec::new();
+    let mut failed = 0;
     for f in files {
         let text = read_input(f)?;
-        let parsed = hardware::parse_documents(&text).map_err(|e| anyhow!("{f}: {}", e.message))?;
-        docs.extend(
-            parsed
-                .into_iter()
-                .enumerate()
-                .map(|(i, d)| (f.clone(), i, d)),
-        );
+        let parsed = hardware::parse_located(&text).map_err(|e| anyhow!("{f}: {e}"))?;
+        for (i, d) in parsed.into_iter().enumerate() {
+            let label = d
+                .doc
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(|n| format!("{f}: document {} ({n}, line {})", i + 1, d.line))
+                .unwrap_or_else(|| format!("{f}: document {} (line {})", i + 1, d.line));
+            match hardware::validate(d.doc.clone()) {
+                Ok(_) => docs.push((label, d.doc)),
+                Err(e) => {
+                    failed += 1;
+                    eprintln!("error: {label}: {e}");
+                }
+            }
+        }
     }
-    if docs.is_empty() {
+    if docs.is_empty() && failed == 0 {
         bail!("no documents in {}", files.join(", "));
     }
+    if atomic && failed > 0 {
+        bail!("{failed} document(s) invalid: nothing applied (--atomic)");
+    }
+    let client = Client::new(t)?;
     if atomic {
-        let batch = Value::Array(docs.into_iter().map(|(_, _, d)| d).collect());
+        let batch = Value::Array(docs.into_iter().map(|(_, d)| d).collect());
         let v = client
             .call_ok(Method::POST, "/api/v1/hardware", &[], Some(batch))
             .await?;
         print_applied(&v);
         return Ok(());
     }
-    let mut failed = 0;
-    for (f, i, d) in docs {
-        let label = d
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .map(|n| format!("{f}: document {} ({n})", i + 1))
-            .unwrap_or_else(|| format!("{f}: document {}", i + 1));
+    for chunk in docs.chunks(BATCH) {
+        let batch = Value::Array(chunk.iter().map(|(_, d)| d.clone()).collect());
         match client
-            .call(Method::POST, "/api/v1/hardware", &[], Some(d))
+            .call(Method::POST, "/api/v1/hardware", &[], Some(batch))
             .await?
         {
             (s, v) if s.is_success() => print_applied(&v),
-            (s, v) => {
+            (s, v) if chunk.len() == 1 => {
                 failed += 1;
-                eprintln!("error: {label}: {}", api_error(s, &v));
+                eprintln!("error: {}: {}", chunk[0].0, api_error(s, &v));
+            }
+            _ => {
+                for (label, d) in chunk {
+                    match client
+                        .call(Method::POST, "/api/v1/hardware", &[], Some(d.clone()))
+                        .await?
+                    {
+                        (s, v) if s.is_success() => print_applied(&v),
+                        (s, v) => {
+                            failed += 1;
+                            eprintln!("error: {label}: {}", api_error(s, &v));
+                        }
+                    }
+                }
             }
         }
     }

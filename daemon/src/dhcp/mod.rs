@@ -1,6 +1,8 @@
 //! DHCPv4 for network boot, sans-IO: [`respond`] is a pure function of the
-//! request, the inventory snapshot and the settings. The socket loop in
-//! [`server`] only decodes, calls it, encodes and sends.
+//! request, the inventory snapshot and the settings, and hands back the
+//! reply already encoded when it had to encode it to fit the client's size
+//! limit. The socket threads in [`server`] decode, call it, send, and
+//! record the event and the metrics.
 //!
 //! Modes: `reservation` (a DHCP server for known MACs only), `proxy` (PXE
 //! boot information beside another DHCP server, RFC 4578 / PXE 2.1, known
@@ -827,7 +829,9 @@ fn relay_fields(req: &Message) -> Option<RelayFields> {
     })
 }
 
-/// Relay ids are bytes: text when printable, else hex.
+/// Relay ids are bytes: text when printable, else hex octets separated by
+/// colons (a remote-id is often a switch's MAC, and reads best like one;
+/// the `hex` crate has no separators).
 fn printable(v: &[u8]) -> String {
     match std::str::from_utf8(v) {
         Ok(s) if s.chars().all(|c| !c.is_control()) => s.to_string(),

@@ -368,6 +368,24 @@ async fn trim_all(log: &EventLog, per_machine: u32) {
 mod tests {
     use super::*;
 
+    /// Fields that do not serialise (a map with non-string keys) leave
+    /// the reason in the event, not nothing.
+    #[test]
+    fn fields_that_fail_say_why() {
+        let e = Event::new(Kind::Test, "x")
+            .fields(std::collections::HashMap::from([((1u8, 2u8), 3u8)]));
+        let f: serde_json::Value = serde_json::from_str(e.fields.as_deref().unwrap()).unwrap();
+        assert!(
+            f["fields_error"]
+                .as_str()
+                .unwrap()
+                .contains("key must be a string"),
+            "{f}"
+        );
+        let e = Event::new(Kind::Test, "x").fields(serde_json::json!({"a": 1}));
+        assert_eq!(e.fields.as_deref(), Some(r#"{"a":1}"#));
+    }
+
     #[test]
     fn full_queue_drops_and_counts() {
         let m = Arc::new(Metrics::new());

@@ -6,6 +6,8 @@ use super::cache::{Cache, Entry, Read, Rendered};
 use super::{VERSIONS, ec2_get, metadata_json, nocloud_meta_data, nocloud_network_config};
 use crate::app::App;
 use crate::events::{Event, Kind};
+use crate::hardware::Key;
+use crate::metrics::Metrics;
 use axum::Router;
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -407,16 +409,45 @@ async fn nocloud_network(
 /// A rendered NoCloud document, or a 500 that the log and the metrics show:
 /// an empty document would look to cloud-init like a machine without one.
 fn rendered(app: &App, e: &Entry, what: &str, body: &Rendered) -> Response {
+    rendered_with(&app.metrics, &e.machine().key, what, body)
+}
+
+fn rendered_with(metrics: &Metrics, key: &Key, what: &str, body: &Rendered) -> Response {
     match body {
-        Ok(b) => ok(app, b.clone()),
+        Ok(b) => {
+            metrics.metadata(200);
+            reply(TEXT, b.clone())
+        }
         Err(why) => {
-            tracing::error!(hardware = %e.machine().key, document = what, error = %why, "metadata: cannot render");
-            app.metrics.metadata(500);
+            tracing::error!(hardware = %key, document = what, error = %why, "metadata: cannot render");
+            metrics.metadata(500);
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("cannot render {what}: {why}\n"),
             )
                 .into_response()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A document that cannot be rendered is a 500 that the metrics count,
+    /// not an empty body that cloud-init would take for the document.
+    #[test]
+    fn a_render_failure_is_an_error_not_an_empty_document() {
+        let m = Metrics::new();
+        let key = Key::new("default", "m1");
+        let r = rendered_with(&m, &key, "meta-data", &Err("no YAML".into()));
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let r = rendered_with(&m, &key, "meta-data", &Ok(Bytes::from_static(b"a: 1\n")));
+        assert_eq!(r.status(), StatusCode::OK);
+        let text = m.render();
+        assert!(
+            text.contains("tinkerbox_metadata_requests_total{code=\"500\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -31,11 +31,7 @@ impl Tokens {
 
     fn tag(&self, ip: IpAddr, expires: u64) -> String {
         let msg = format!("{ip}|{expires}");
-        hmac::sign(&self.key, msg.as_bytes())
-            .as_ref()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        hex::encode(hmac::sign(&self.key, msg.as_bytes()))
     }
 
     /// A token for `ip`, valid until `now + ttl` (unix seconds).
@@ -47,16 +43,8 @@ impl Tokens {
     pub fn check(&self, token: &str, ip: IpAddr, now: u64) -> Result<(), TokenError> {
         let (exp, tag) = token.trim().split_once('.').ok_or(TokenError::Malformed)?;
         let expires: u64 = exp.parse().map_err(|_| TokenError::Malformed)?;
-        let raw: Vec<u8> = (0..tag.len() / 2)
-            .map(|i| {
-                tag.get(2 * i..2 * i + 2)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-            })
-            .collect::<Option<_>>()
-            .ok_or(TokenError::Malformed)?;
-        if tag.len() != 64 {
-            return Err(TokenError::Malformed);
-        }
+        let mut raw = [0u8; 32];
+        hex::decode_to_slice(tag, &mut raw).map_err(|_| TokenError::Malformed)?;
         hmac::verify(&self.key, format!("{ip}|{expires}").as_bytes(), &raw)
             .map_err(|_| TokenError::Invalid)?;
         if now >= expires {

@@ -435,3 +435,57 @@ fn machine_row(
         contactable: c.and_then(|c| serde_json::from_str(&c).ok()),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bmc::model;
+    use crate::hardware::parse_documents;
+
+    fn docs(text: &str) -> Vec<Doc> {
+        parse_documents(text)
+            .unwrap()
+            .into_iter()
+            .map(|d| model::parse(d).unwrap())
+            .collect()
+    }
+
+    const MACHINE: &str = "apiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Machine\nmetadata: {name: NAME}\nspec:\n  connection: {host: 10.0.0.9, authSecretRef: {name: s}}\n";
+    const SECRET: &str = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {username: u, password: p}\n";
+    const JOB: &str = "apiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Job\nmetadata: {name: j1}\nspec:\n  machineRef: {name: m1}\n  tasks:\n  - powerAction: POWER\n";
+
+    /// A BMC apply is all or nothing: a document the store refuses (a job
+    /// of that name exists with other tasks) leaves the others unwritten.
+    #[tokio::test]
+    async fn an_apply_is_all_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let first = format!(
+            "{}---\n{}",
+            MACHINE.replace("NAME", "m1"),
+            JOB.replace("POWER", "\"on\"")
+        );
+        let o = store.apply_bmc(&docs(&first)).await.unwrap();
+        assert_eq!(o, [Outcome::Created, Outcome::Created]);
+        let second = format!(
+            "{SECRET}---\n{}---\n{}",
+            MACHINE.replace("NAME", "m2"),
+            JOB.replace("POWER", "\"off\"")
+        );
+        match store.apply_bmc(&docs(&second)).await {
+            Err(StoreError::Conflict { field, .. }) => assert_eq!(field, "metadata.name"),
+            other => panic!("{other:?}"),
+        }
+        let k = |n: &str| Key::new("default", n);
+        assert!(store.bmc_machine(&k("m2")).await.unwrap().is_none());
+        assert!(store.secret(&k("s")).await.unwrap().is_none());
+        let j = store.job(&k("j1")).await.unwrap().unwrap();
+        assert_eq!((j.kind, j.state), (JobKind::Job, State::Pending));
+        assert_eq!(j.tasks[0].describe(), "power on");
+        // Applied again unchanged: nothing to do, nothing refused.
+        let o = store.apply_bmc(&docs(&first)).await.unwrap();
+        assert_eq!(o, [Outcome::Unchanged, Outcome::Unchanged]);
+        assert_eq!(store.jobs(Some(State::Pending)).await.unwrap().len(), 1);
+        assert!(store.jobs(Some(State::Running)).await.unwrap().is_empty());
+    }
+}

@@ -228,12 +228,12 @@ async fn handle(
     let hard_end = tokio::time::Instant::from_std(started + MAX_TRANSFER_TIME);
     let outcome = tokio::select! {
         o = run(&sock, &data, &mut s) => o,
-        _ = tokio::time::sleep_until(hard_end) => Err("took too long".to_string()),
+        _ = tokio::time::sleep_until(hard_end) => Err(Abort::TooLong),
     };
     if let Err(why) = &outcome {
-        tracing::info!(client = %peer, file = name, reason = why, "tftp: transfer aborted");
-        if why != "client error" {
-            let pkt = proto::error_packet(ErrorCode::NotDefined, why);
+        tracing::info!(client = %peer, file = name, reason = %why, "tftp: transfer aborted");
+        if !matches!(why, Abort::ClientError) {
+            let pkt = proto::error_packet(ErrorCode::NotDefined, &why.to_string());
             let _ = sock.try_send(&pkt);
         }
     }
@@ -254,8 +254,29 @@ async fn handle(
     );
 }
 
+/// Why a transfer ended before its last block was acknowledged.
+#[derive(Debug, thiserror::Error)]
+enum Abort {
+    #[error("took too long")]
+    TooLong,
+    #[error("timed out")]
+    TimedOut,
+    /// The client sent an ERROR: it needs none back.
+    #[error("client error")]
+    ClientError,
+    #[error("client port closed")]
+    ClientGone,
+    /// This route or kernel cannot do UDP GSO: send block by block.
+    #[error("gso unsupported")]
+    GsoUnsupported,
+    #[error("receive: {0}")]
+    Receive(io::Error),
+    #[error("send: {0}")]
+    Send(io::Error),
+}
+
 /// Drive one transfer to its end: Ok when the last block is acknowledged.
-async fn run(sock: &UdpSocket, data: &Bytes, s: &mut proto::Sender) -> Result<(), String> {
+async fn run(sock: &UdpSocket, data: &Bytes, s: &mut proto::Sender) -> Result<(), Abort> {
     let mut out = Vec::with_capacity(4 + s.blksize() as usize);
     let mut rx = [0u8; 1024];
     let mut step = s.start(Instant::now());
@@ -273,7 +294,7 @@ async fn run(sock: &UdpSocket, data: &Bytes, s: &mut proto::Sender) -> Result<()
                                 b += n;
                                 continue;
                             }
-                            Err(e) if e == GSO_UNSUPPORTED => gso = false,
+                            Err(Abort::GsoUnsupported) => gso = false,
                             Err(e) => return Err(e),
                         }
                     }
@@ -286,17 +307,17 @@ async fn run(sock: &UdpSocket, data: &Bytes, s: &mut proto::Sender) -> Result<()
             }
             Step::Wait => {}
             Step::Done => return Ok(()),
-            Step::Failed(proto::Failure::Timeout) => return Err("timed out".into()),
-            Step::Failed(proto::Failure::ClientError(..)) => return Err("client error".into()),
+            Step::Failed(proto::Failure::Timeout) => return Err(Abort::TimedOut),
+            Step::Failed(proto::Failure::ClientError(..)) => return Err(Abort::ClientError),
         }
         let deadline = tokio::time::Instant::from_std(s.deadline());
         step = match tokio::time::timeout_at(deadline, sock.recv(&mut rx)).await {
             Ok(Ok(n)) => s.on_packet(&rx[..n], Instant::now()),
             // ICMP port unreachable: the client is gone.
             Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                return Err("client port closed".into());
+                return Err(Abort::ClientGone);
             }
-            Ok(Err(e)) => return Err(format!("receive: {e}")),
+            Ok(Err(e)) => return Err(Abort::Receive(e)),
             Err(_) => s.on_timeout(Instant::now()),
         };
     }
@@ -308,18 +329,17 @@ fn gso_batch(blksize: u64) -> u64 {
     (65_000 / (4 + blksize)).clamp(1, 64)
 }
 
-const GSO_UNSUPPORTED: &str = "gso unsupported";
-
 /// Blocks `first..=last` in one UDP GSO send: a window costs one system
-/// call instead of one per block. Fails with [`GSO_UNSUPPORTED`] where the
-/// kernel or route cannot (datagrams larger than the MTU, old kernels).
+/// call instead of one per block. Fails with [`Abort::GsoUnsupported`]
+/// where the kernel or route cannot (datagrams larger than the MTU, old
+/// kernels).
 async fn send_gso(
     sock: &UdpSocket,
     data: &Bytes,
     s: &proto::Sender,
     first: u64,
     last: u64,
-) -> Result<(), String> {
+) -> Result<(), Abort> {
     let headers: Vec<[u8; 4]> = (first..=last).map(proto::data_header).collect();
     let mut iov = Vec::with_capacity(headers.len() * 2);
     for (h, b) in headers.iter().zip(first..=last) {
@@ -336,10 +356,10 @@ async fn send_gso(
         match r {
             Ok(_) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                sock.writable().await.map_err(|e| format!("send: {e}"))?;
+                sock.writable().await.map_err(Abort::Send)?;
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                return Err("client port closed".into());
+                return Err(Abort::ClientGone);
             }
             Err(e)
                 if matches!(
@@ -353,23 +373,23 @@ async fn send_gso(
                     )
                 ) =>
             {
-                return Err(GSO_UNSUPPORTED.into());
+                return Err(Abort::GsoUnsupported);
             }
             Err(e) if transient(&e) || e.raw_os_error() == Some(nix::libc::ENOBUFS) => {
                 return Ok(());
             }
-            Err(e) => return Err(format!("send: {e}")),
+            Err(e) => return Err(Abort::Send(e)),
         }
     }
 }
 
-async fn send(sock: &UdpSocket, pkt: &[u8]) -> Result<(), String> {
+async fn send(sock: &UdpSocket, pkt: &[u8]) -> Result<(), Abort> {
     match sock.send(pkt).await {
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Err("client port closed".into()),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Err(Abort::ClientGone),
         // Dropped on the way out (buffer full, ...): retransmission covers it.
         Err(e) if transient(&e) || e.raw_os_error() == Some(nix::libc::ENOBUFS) => Ok(()),
-        Err(e) => Err(format!("send: {e}")),
+        Err(e) => Err(Abort::Send(e)),
     }
 }
 
