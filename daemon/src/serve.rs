@@ -26,7 +26,63 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let token: Arc<str> = token::load_or_create(&config.token_path())
         .with_context(|| format!("api token {}", config.token_path().display()))?
         .into();
+    let (app, bmc, writer) = open(&config, started).await?;
+    let n = app.inventory.snapshot().len();
+    let bmc_task = tokio::spawn(bmc.clone().run());
+    let poll_task = (!config.bmc.poll_interval.is_zero())
+        .then(|| tokio::spawn(bmc.poll(config.bmc.poll_interval)));
+    // Bind everything before READY, so a port clash fails the start.
+    let running = listen(&app, token).await?;
+    let scheme = if config.api.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tracing::info!(
+        public_ip = %app.public_ip,
+        dhcp = config.dhcp.mode.as_str(),
+        tftp = config.tftp.enabled,
+        syslog = config.syslog.enabled,
+        http = %config.http.listen,
+        api = %format!("{scheme}://{}", config.api.listen),
+        hardware = n,
+        startup_ms = started.elapsed().as_millis() as u64,
+        "tinkerbox ready"
+    );
+    let _ = sd_notify::notify(&[
+        NotifyState::Ready,
+        NotifyState::Status(&format!("serving {n} hardware")),
+    ]);
+    let watchdog =
+        sd_notify::watchdog_enabled().map(|every| tokio::spawn(watchdog(app.store.clone(), every)));
 
+    shutdown_signal().await;
+    tracing::info!("stopping");
+    let _ = sd_notify::notify(&[NotifyState::Stopping]);
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    bmc_task.abort();
+    if let Some(p) = poll_task {
+        p.abort();
+    }
+    let (store, event_log) = (app.store.clone(), app.event_log.clone());
+    stop(running, app, writer).await;
+    event_log.close().await;
+    store.close().await;
+    Ok(())
+}
+
+/// Open the store and the event log, load the inventory, start the event
+/// writer, and put together what the listeners share.
+async fn open(
+    config: &Config,
+    started: Instant,
+) -> anyhow::Result<(
+    Arc<App>,
+    Arc<bmc::jobs::Runner>,
+    tokio::sync::oneshot::Receiver<()>,
+)> {
     let store = Store::open(&config.db_path())
         .await
         .with_context(|| format!("opening {}", config.db_path().display()))?;
@@ -38,7 +94,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         elapsed_ms = started.elapsed().as_millis() as u64,
         "inventory loaded"
     );
-
     let event_log = events::EventLog::open(&config.events_path())
         .await
         .with_context(|| format!("opening {}", config.events_path().display()))?;
@@ -82,52 +137,36 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         files,
         tokens: crate::metadata::token::Tokens::new()
             .map_err(|_| anyhow::anyhow!("the system's random number generator failed"))?,
-        store: store.clone(),
+        store,
         inventory,
         events: sink,
-        event_log: event_log.clone(),
+        event_log,
         metrics,
         services,
     });
-    let bmc_task = tokio::spawn(bmc.clone().run());
-    let poll_task = (!config.bmc.poll_interval.is_zero())
-        .then(|| tokio::spawn(bmc.poll(config.bmc.poll_interval)));
+    Ok((app, bmc, writer))
+}
 
-    // Bind everything before READY, so a port clash fails the start.
+/// What is serving, for [`stop`].
+struct Running {
+    udp_tasks: Vec<tokio::task::JoinHandle<()>>,
+    dhcp_stop: Arc<std::sync::atomic::AtomicBool>,
+    dhcp_threads: Vec<std::thread::JoinHandle<()>>,
+    stop_tx: watch::Sender<bool>,
+    http_task: tokio::task::JoinHandle<std::io::Result<()>>,
+    api_handle: axum_server::Handle<std::net::SocketAddr>,
+    api_task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Bind and start every listener.
+async fn listen(app: &Arc<App>, token: Arc<str>) -> anyhow::Result<Running> {
+    let config = &app.config;
     let http_sock = tokio::net::TcpListener::bind(config.http.listen)
         .await
         .with_context(|| format!("http.listen {}: cannot bind", config.http.listen))?;
-    let mut udp_tasks = Vec::new();
     let dhcp_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut dhcp_threads = Vec::new();
-    if config.dhcp.mode != dhcp::Mode::Off {
-        let shell = Arc::new(dhcp::server::Shell {
-            inventory: app.inventory.clone(),
-            settings: app.dhcp_settings(),
-            events: app.events.clone(),
-            metrics: app.metrics.clone(),
-        });
-        let iface = config.dhcp.interface.as_deref();
-        let sock = dhcp::server::bind(config.dhcp.listen, iface)
-            .with_context(|| format!("dhcp.listen {}: cannot bind", config.dhcp.listen))?;
-        // Several threads on one socket: the kernel hands each datagram to
-        // one waiting reader (an exclusive wake-up), so they share the work
-        // without a thundering herd.
-        for _ in 0..config.dhcp.threads() {
-            let sock = sock.try_clone()?;
-            dhcp_threads.push(
-                shell
-                    .clone()
-                    .spawn(sock, dhcp::Port::Dhcp, dhcp_stop.clone())?,
-            );
-        }
-        if config.dhcp.mode.is_proxy() {
-            let addr = std::net::SocketAddr::new(config.dhcp.listen.ip(), dhcp::PROXY_PORT);
-            let sock = dhcp::server::bind(addr, iface)
-                .with_context(|| format!("dhcp proxy port {addr}: cannot bind"))?;
-            dhcp_threads.push(shell.spawn(sock, dhcp::Port::Proxy, dhcp_stop.clone())?);
-        }
-    }
+    let dhcp_threads = start_dhcp(app, &dhcp_stop)?;
+    let mut udp_tasks = Vec::new();
     if config.tftp.enabled {
         let sock = std::net::UdpSocket::bind(config.tftp.listen)
             .with_context(|| format!("tftp.listen {}: cannot bind", config.tftp.listen))?;
@@ -196,67 +235,84 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     };
 
-    let scheme = if config.api.tls_cert.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    tracing::info!(
-        public_ip = %public_ip,
-        dhcp = config.dhcp.mode.as_str(),
-        tftp = config.tftp.enabled,
-        syslog = config.syslog.enabled,
-        http = %config.http.listen,
-        api = %format!("{scheme}://{}", config.api.listen),
-        hardware = n,
-        startup_ms = started.elapsed().as_millis() as u64,
-        "tinkerbox ready"
-    );
-    let _ = sd_notify::notify(&[
-        NotifyState::Ready,
-        NotifyState::Status(&format!("serving {n} hardware")),
-    ]);
-    let watchdog =
-        sd_notify::watchdog_enabled().map(|every| tokio::spawn(watchdog(store.clone(), every)));
+    Ok(Running {
+        udp_tasks,
+        dhcp_stop,
+        dhcp_threads,
+        stop_tx,
+        http_task,
+        api_handle,
+        api_task,
+    })
+}
 
-    shutdown_signal().await;
-    tracing::info!("stopping");
-    let _ = sd_notify::notify(&[NotifyState::Stopping]);
-    if let Some(w) = watchdog {
-        w.abort();
+/// The DHCP socket threads (none when `dhcp.mode = off`).
+fn start_dhcp(
+    app: &Arc<App>,
+    dhcp_stop: &Arc<std::sync::atomic::AtomicBool>,
+) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
+    let config = &app.config;
+    let mut dhcp_threads = Vec::new();
+    if config.dhcp.mode != dhcp::Mode::Off {
+        let shell = Arc::new(dhcp::server::Shell {
+            inventory: app.inventory.clone(),
+            settings: app.dhcp_settings(),
+            events: app.events.clone(),
+            metrics: app.metrics.clone(),
+        });
+        let iface = config.dhcp.interface.as_deref();
+        let sock = dhcp::server::bind(config.dhcp.listen, iface)
+            .with_context(|| format!("dhcp.listen {}: cannot bind", config.dhcp.listen))?;
+        // Several threads on one socket: the kernel hands each datagram to
+        // one waiting reader (an exclusive wake-up), so they share the work
+        // without a thundering herd.
+        for _ in 0..config.dhcp.threads() {
+            let sock = sock.try_clone()?;
+            dhcp_threads.push(
+                shell
+                    .clone()
+                    .spawn(sock, dhcp::Port::Dhcp, dhcp_stop.clone())?,
+            );
+        }
+        if config.dhcp.mode.is_proxy() {
+            let addr = std::net::SocketAddr::new(config.dhcp.listen.ip(), dhcp::PROXY_PORT);
+            let sock = dhcp::server::bind(addr, iface)
+                .with_context(|| format!("dhcp proxy port {addr}: cannot bind"))?;
+            dhcp_threads.push(shell.spawn(sock, dhcp::Port::Proxy, dhcp_stop.clone())?);
+        }
     }
-    // One deadline for the whole stop, inside systemd's TimeoutStopSec=20s.
+    Ok(dhcp_threads)
+}
+
+/// Stop serving within one deadline, inside systemd's `TimeoutStopSec=20s`,
+/// and let the event writer drain what the listeners left.
+async fn stop(r: Running, app: Arc<App>, writer: tokio::sync::oneshot::Receiver<()>) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    for t in &udp_tasks {
+    for t in &r.udp_tasks {
         t.abort();
     }
     // The DHCP threads see the flag within their receive timeout; they hold
     // event senders, so the writer below waits for them to go.
-    dhcp_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    r.dhcp_stop
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let threads = r.dhcp_threads;
     let dhcp_joined = tokio::task::spawn_blocking(move || {
-        for t in dhcp_threads {
+        for t in threads {
             if t.join().is_err() {
                 tracing::error!("a DHCP thread panicked");
             }
         }
     });
-    bmc_task.abort();
-    if let Some(p) = poll_task {
-        p.abort();
-    }
-    let _ = stop_tx.send(true);
-    api_handle.graceful_shutdown(Some(Duration::from_secs(5)));
-    let _ = tokio::time::timeout_at(deadline, http_task).await;
-    let _ = tokio::time::timeout_at(deadline, api_task).await;
+    let _ = r.stop_tx.send(true);
+    r.api_handle.graceful_shutdown(Some(Duration::from_secs(5)));
+    let _ = tokio::time::timeout_at(deadline, r.http_task).await;
+    let _ = tokio::time::timeout_at(deadline, r.api_task).await;
     let _ = tokio::time::timeout_at(deadline, dhcp_joined).await;
     // The last sender goes with the app: the writer then drains and exits.
     drop(app);
     if tokio::time::timeout_at(deadline, writer).await.is_err() {
         tracing::warn!("event writer did not finish in time; unwritten events are lost");
     }
-    event_log.close().await;
-    store.close().await;
-    Ok(())
 }
 
 /// Feed systemd's watchdog at half its period, but only while the store
