@@ -95,7 +95,6 @@ impl Interface {
     /// Type the interface `i` of a spec; errors name the field
     /// (`spec.interfaces[i].dhcp.ip.address`).
     pub fn from_spec(i: usize, s: &spec::Interface) -> Result<Interface, FieldError> {
-        let at = |f: &str| format!("spec.interfaces[{i}].dhcp.{f}");
         let netboot = s.netboot.as_ref();
         let mut out = Interface {
             disable_dhcp: s.disable_dhcp,
@@ -105,98 +104,113 @@ impl Interface {
         };
         let mut extra = Extra::default();
         if let Some(n) = netboot {
-            let ipxe = n.ipxe.as_ref();
-            extra.ipxe_binary = text(ipxe.and_then(|x| x.binary.as_deref()));
-            extra.ipxe_url = text(ipxe.and_then(|x| x.url.as_deref()));
-            extra.ipxe_contents = text(ipxe.and_then(|x| x.contents.as_deref()));
-            let osie = n.osie.as_ref();
-            extra.osie_base_url = text(osie.and_then(|o| o.base_url.as_deref()));
-            extra.osie_kernel = text(osie.and_then(|o| o.kernel.as_deref()));
-            extra.osie_initrd = text(osie.and_then(|o| o.initrd.as_deref()));
-            extra.osie_kernel_params = osie
-                .map(|o| o.kernel_params.iter().map(|p| p.as_str().into()).collect())
-                .unwrap_or_default();
+            extra.netboot(n);
         }
         if let Some(d) = &s.dhcp {
-            if let Some(m) = d.mac.as_deref() {
-                out.mac = Some(m.parse().map_err(|e: super::mac::MacError| {
-                    FieldError::new(at("mac"), e.to_string())
-                })?);
-            }
-            if let Some(ip) = &d.ip {
-                out.address = addr(&ip.address, &at("ip.address"))?;
-                out.gateway = addr(&ip.gateway, &at("ip.gateway"))?;
-                if let Some(n) = trimmed(&ip.netmask) {
-                    out.netmask =
-                        Some(netmask(n).map_err(|m| FieldError::new(at("ip.netmask"), m))?);
-                }
-                if let Some(f) = ip.family
-                    && f != 4
-                    && f != 6
-                {
-                    return Err(FieldError::new(
-                        at("ip.family"),
-                        format!("must be 4 or 6, got {f}"),
-                    ));
-                }
-            }
-            out.name_servers = addrs(&d.name_servers, &at("name_servers"))?;
-            extra.time_servers = addrs(&d.time_servers, &at("time_servers"))?;
-            extra.routes = d
-                .classless_static_routes
-                .iter()
-                .enumerate()
-                .map(|(j, r)| {
-                    let f = at(&format!("classless_static_routes[{j}]"));
-                    let dest =
-                        r.destination_descriptor
-                            .trim()
-                            .parse::<Ipv4Net>()
-                            .map_err(|_| {
-                                FieldError::new(
-                                    format!("{f}.destination_descriptor"),
-                                    format!(
-                                        "invalid IPv4 CIDR {:?} (want a.b.c.d/n)",
-                                        r.destination_descriptor
-                                    ),
-                                )
-                            })?;
-                    let router = r.router.trim().parse::<Ipv4Addr>().map_err(|_| {
-                        FieldError::new(
-                            format!("{f}.router"),
-                            format!("invalid IPv4 address {:?}", r.router),
-                        )
-                    })?;
-                    Ok((dest, router))
-                })
-                .collect::<Result<_, FieldError>>()?;
-            if let Some(v) = trimmed(&d.vlan_id) {
-                vlan_ids(v).map_err(|m| FieldError::new(at("vlan_id"), m))?;
-                extra.vlan_id = Some(v.into());
-            }
-            if let Some(t) = d.lease_time {
-                if t < 0 {
-                    return Err(FieldError::new(
-                        at("lease_time"),
-                        format!("must not be negative, got {t}"),
-                    ));
-                }
-                out.lease_time = Some(t.clamp(60, i64::from(u32::MAX)) as u32);
-            }
-            out.hostname = text(d.hostname.as_deref());
-            out.firmware = match d.uefi {
-                Some(true) => Firmware::Uefi,
-                Some(false) => Firmware::Bios,
-                None => Firmware::Unspecified,
-            };
-            extra.domain_name = text(d.domain_name.as_deref());
-            extra.arch = text(d.arch.as_deref());
-            extra.iface_name = text(d.iface_name.as_deref());
+            out.dhcp(i, d, &mut extra)?;
         }
         if extra != Extra::default() {
             out.extra = Some(Box::new(extra));
         }
         Ok(out)
+    }
+}
+
+impl Extra {
+    fn netboot(&mut self, n: &spec::Netboot) {
+        let ipxe = n.ipxe.as_ref();
+        self.ipxe_binary = text(ipxe.and_then(|x| x.binary.as_deref()));
+        self.ipxe_url = text(ipxe.and_then(|x| x.url.as_deref()));
+        self.ipxe_contents = text(ipxe.and_then(|x| x.contents.as_deref()));
+        let osie = n.osie.as_ref();
+        self.osie_base_url = text(osie.and_then(|o| o.base_url.as_deref()));
+        self.osie_kernel = text(osie.and_then(|o| o.kernel.as_deref()));
+        self.osie_initrd = text(osie.and_then(|o| o.initrd.as_deref()));
+        self.osie_kernel_params = osie
+            .map(|o| o.kernel_params.iter().map(|p| p.as_str().into()).collect())
+            .unwrap_or_default();
+    }
+}
+
+impl Interface {
+    /// The `dhcp` part of interface `i`.
+    fn dhcp(&mut self, i: usize, d: &spec::Dhcp, extra: &mut Extra) -> Result<(), FieldError> {
+        let at = |f: &str| format!("spec.interfaces[{i}].dhcp.{f}");
+        if let Some(m) = d.mac.as_deref() {
+            self.mac =
+                Some(m.parse().map_err(|e: super::mac::MacError| {
+                    FieldError::new(at("mac"), e.to_string())
+                })?);
+        }
+        if let Some(ip) = &d.ip {
+            self.address = addr(&ip.address, &at("ip.address"))?;
+            self.gateway = addr(&ip.gateway, &at("ip.gateway"))?;
+            if let Some(n) = trimmed(&ip.netmask) {
+                self.netmask = Some(netmask(n).map_err(|m| FieldError::new(at("ip.netmask"), m))?);
+            }
+            if let Some(f) = ip.family
+                && f != 4
+                && f != 6
+            {
+                return Err(FieldError::new(
+                    at("ip.family"),
+                    format!("must be 4 or 6, got {f}"),
+                ));
+            }
+        }
+        self.name_servers = addrs(&d.name_servers, &at("name_servers"))?;
+        extra.time_servers = addrs(&d.time_servers, &at("time_servers"))?;
+        extra.routes = d
+            .classless_static_routes
+            .iter()
+            .enumerate()
+            .map(|(j, r)| {
+                let f = at(&format!("classless_static_routes[{j}]"));
+                let dest = r
+                    .destination_descriptor
+                    .trim()
+                    .parse::<Ipv4Net>()
+                    .map_err(|_| {
+                        FieldError::new(
+                            format!("{f}.destination_descriptor"),
+                            format!(
+                                "invalid IPv4 CIDR {:?} (want a.b.c.d/n)",
+                                r.destination_descriptor
+                            ),
+                        )
+                    })?;
+                let router = r.router.trim().parse::<Ipv4Addr>().map_err(|_| {
+                    FieldError::new(
+                        format!("{f}.router"),
+                        format!("invalid IPv4 address {:?}", r.router),
+                    )
+                })?;
+                Ok((dest, router))
+            })
+            .collect::<Result<_, FieldError>>()?;
+        if let Some(v) = trimmed(&d.vlan_id) {
+            vlan_ids(v).map_err(|m| FieldError::new(at("vlan_id"), m))?;
+            extra.vlan_id = Some(v.into());
+        }
+        if let Some(t) = d.lease_time {
+            if t < 0 {
+                return Err(FieldError::new(
+                    at("lease_time"),
+                    format!("must not be negative, got {t}"),
+                ));
+            }
+            self.lease_time = Some(t.clamp(60, i64::from(u32::MAX)) as u32);
+        }
+        self.hostname = text(d.hostname.as_deref());
+        self.firmware = match d.uefi {
+            Some(true) => Firmware::Uefi,
+            Some(false) => Firmware::Bios,
+            None => Firmware::Unspecified,
+        };
+        extra.domain_name = text(d.domain_name.as_deref());
+        extra.arch = text(d.arch.as_deref());
+        extra.iface_name = text(d.iface_name.as_deref());
+        Ok(())
     }
 }
 

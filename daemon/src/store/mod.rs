@@ -56,6 +56,24 @@ pub enum Outcome {
     Unchanged,
 }
 
+impl StoreError {
+    /// A conflict in item `i` of a batch: its field prefixed with `[i]`.
+    fn within(self, i: usize) -> StoreError {
+        match self {
+            StoreError::Conflict {
+                field,
+                message,
+                owner,
+            } => StoreError::Conflict {
+                field: format!("[{i}].{field}"),
+                message,
+                owner,
+            },
+            other => other,
+        }
+    }
+}
+
 impl Outcome {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -260,42 +278,8 @@ impl Store {
                 }
             }
             let self_id = existing.as_ref().map(|e| e.0).unwrap_or(-1);
-            let prefix = |f: String| {
-                if items.len() > 1 {
-                    format!("[{i}].{f}")
-                } else {
-                    f
-                }
-            };
-            for (i, mac) in m
-                .interfaces
-                .iter()
-                .enumerate()
-                .filter_map(|(i, f)| Some((i, f.mac?)))
-            {
-                if let Some(owner) =
-                    owner_of(&mut tx, Index::Mac, &mac.to_string(), self_id).await?
-                {
-                    return Err(StoreError::Conflict {
-                        field: prefix(format!("spec.interfaces[{i}].dhcp.mac")),
-                        message: format!("MAC {mac} already belongs to Hardware {owner}"),
-                        owner,
-                    });
-                }
-            }
-            for ip in m.ips() {
-                if let Some(owner) = owner_of(&mut tx, Index::Ip, &ip.to_string(), self_id).await? {
-                    let i = m
-                        .interfaces
-                        .iter()
-                        .position(|f| f.address == Some(ip))
-                        .unwrap_or(0);
-                    return Err(StoreError::Conflict {
-                        field: prefix(format!("spec.interfaces[{i}].dhcp.ip.address")),
-                        message: format!("IP {ip} already belongs to Hardware {owner}"),
-                        owner,
-                    });
-                }
+            if let Err(e) = check_keys_free(&mut tx, m, self_id).await? {
+                return Err(if items.len() > 1 { e.within(i) } else { e });
             }
             let outcome = match &existing {
                 Some((_, old, _))
@@ -320,28 +304,7 @@ impl Store {
             .bind(now)
             .fetch_one(&mut *tx)
             .await?;
-            sqlx::query("DELETE FROM hardware_mac WHERE hardware_id = ?")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("DELETE FROM hardware_ip WHERE hardware_id = ?")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-            for mac in m.macs() {
-                sqlx::query("INSERT INTO hardware_mac (mac, hardware_id) VALUES (?, ?)")
-                    .bind(mac.to_string())
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            for ip in m.ips() {
-                sqlx::query("INSERT INTO hardware_ip (ip, hardware_id) VALUES (?, ?)")
-                    .bind(ip.to_string())
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-            }
+            index_keys(&mut tx, id, m).await?;
             outcomes.push(outcome);
         }
         tx.commit().await?;
@@ -416,6 +379,75 @@ impl Store {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// Whether the machine's MACs and IPs are free, or held by itself
+/// (`self_id`): the conflict names the field and the owner.
+async fn check_keys_free(
+    tx: &mut sqlx::SqliteConnection,
+    m: &Machine,
+    self_id: i64,
+) -> Result<Result<(), StoreError>, StoreError> {
+    for (i, mac) in m
+        .interfaces
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| Some((i, f.mac?)))
+    {
+        if let Some(owner) = owner_of(tx, Index::Mac, &mac.to_string(), self_id).await? {
+            return Ok(Err(StoreError::Conflict {
+                field: format!("spec.interfaces[{i}].dhcp.mac"),
+                message: format!("MAC {mac} already belongs to Hardware {owner}"),
+                owner,
+            }));
+        }
+    }
+    for ip in m.ips() {
+        if let Some(owner) = owner_of(tx, Index::Ip, &ip.to_string(), self_id).await? {
+            let i = m
+                .interfaces
+                .iter()
+                .position(|f| f.address == Some(ip))
+                .unwrap_or(0);
+            return Ok(Err(StoreError::Conflict {
+                field: format!("spec.interfaces[{i}].dhcp.ip.address"),
+                message: format!("IP {ip} already belongs to Hardware {owner}"),
+                owner,
+            }));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// The MAC and IP rows of Hardware `id`, replaced by the machine's.
+async fn index_keys(
+    tx: &mut sqlx::SqliteConnection,
+    id: i64,
+    m: &Machine,
+) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM hardware_mac WHERE hardware_id = ?")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("DELETE FROM hardware_ip WHERE hardware_id = ?")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    for mac in m.macs() {
+        sqlx::query("INSERT INTO hardware_mac (mac, hardware_id) VALUES (?, ?)")
+            .bind(mac.to_string())
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    for ip in m.ips() {
+        sqlx::query("INSERT INTO hardware_ip (ip, hardware_id) VALUES (?, ?)")
+            .bind(ip.to_string())
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(())
 }
 
 /// The machines of one page from [`Store::load_machines`]: items separated
