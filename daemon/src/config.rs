@@ -7,14 +7,10 @@ use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/tinkerbox/tinkerbox.toml";
-
-/// Config sections: `TINKERBOX_API_LISTEN` maps to `api.listen`.
-const SECTIONS: &[&str] = &[
-    "dhcp", "tftp", "http", "metadata", "syslog", "api", "events", "log",
-];
 
 /// `TINKERBOX_*` variables that belong to the CLI, not to the config.
 const NOT_CONFIG: &[&str] = &["SERVER", "TOKEN", "CONFIG", "CACERT"];
@@ -482,11 +478,40 @@ impl figment::Provider for Layer {
     }
 }
 
-/// `API_TLS_CERT` -> `api.tls_cert`; `STATE_DIR` -> `state_dir`.
+/// The config's sections (`api`, `bmc`, ...), from the type itself: the
+/// top-level keys whose values are tables when `Config::default()` is
+/// serialised. Longest first, so that of two sections where one's name
+/// begins with the other's and `_`, the longer one wins.
+fn sections() -> &'static [String] {
+    static SECTIONS: OnceLock<Vec<String>> = OnceLock::new();
+    SECTIONS.get_or_init(|| {
+        let tree = figment::value::Value::serialize(Config::default())
+            .expect("the default config serialises");
+        let mut sections: Vec<String> = tree
+            .into_dict()
+            .expect("the default config serialises to a table")
+            .into_iter()
+            .filter(|(_, v)| matches!(v, figment::value::Value::Dict(..)))
+            .map(|(k, _)| k)
+            .collect();
+        sections.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        sections
+    })
+}
+
+/// The key of `TINKERBOX_<rest>`: lower-cased, and when it begins with a
+/// section's name and `_`, that section's key (`API_TLS_CERT` ->
+/// `api.tls_cert`, `BMC_ATTEMPTS` -> `bmc.attempts`); else a top-level key
+/// (`STATE_DIR` -> `state_dir`). So a top-level key must not begin with a
+/// section's name and `_` (`every_key_is_settable_by_file_env_and_flag`
+/// checks every key).
 fn env_key(rest: &str) -> String {
     let lower = rest.to_ascii_lowercase();
-    for s in SECTIONS {
-        if let Some(k) = lower.strip_prefix(s).and_then(|r| r.strip_prefix('_')) {
+    for s in sections() {
+        if let Some(k) = lower
+            .strip_prefix(s.as_str())
+            .and_then(|r| r.strip_prefix('_'))
+        {
             return format!("{s}.{k}");
         }
     }
@@ -676,6 +701,249 @@ mod tests {
             Config::load_with_env(&src, Vec::new()),
             Err(ConfigError::NotFound(_))
         ));
+    }
+
+    /// A config with every key set to a valid value other than its
+    /// default: every `Option` is `Some`, every `Vec` non-empty. The struct
+    /// literals have no `..`, so a new key does not compile until it has a
+    /// value here.
+    fn every_key_set() -> Config {
+        Config {
+            public_ip: Some(Ipv4Addr::new(10, 9, 8, 7)),
+            state_dir: "/srv/tinkerbox-test".into(),
+            dhcp: DhcpConfig {
+                mode: crate::dhcp::Mode::Proxy,
+                listen: "0.0.0.0:1067".parse().unwrap(),
+                interface: Some("br-test".into()),
+                efi_binary: "snponly.efi".into(),
+                threads: Some(3),
+            },
+            tftp: TftpConfig {
+                enabled: false,
+                listen: "127.0.0.1:1069".parse().unwrap(),
+                ipxe_dir: "/opt/ipxe".into(),
+            },
+            http: HttpConfig {
+                listen: "127.0.0.1:8080".parse().unwrap(),
+                artifacts_dir: Some("/srv/artifacts".into()),
+                extra_kernel_args: vec!["console=ttyS0,115200".into(), "quiet".into()],
+                tink_server: Some("10.9.8.7:42113".into()),
+                tink_server_tls: true,
+            },
+            metadata: MetadataConfig {
+                trusted_proxies: vec!["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()],
+                require_token: true,
+            },
+            syslog: SyslogConfig {
+                enabled: false,
+                listen: "127.0.0.1:1514".parse().unwrap(),
+            },
+            bmc: BmcConfig {
+                task_timeout: Duration::from_secs(45),
+                attempts: 5,
+                poll_interval: Duration::from_secs(300),
+            },
+            api: ApiConfig {
+                listen: "127.0.0.1:9081".parse().unwrap(),
+                tls_cert: Some("/etc/tb/api.crt".into()),
+                tls_key: Some("/etc/tb/api.key".into()),
+            },
+            events: EventsConfig {
+                per_machine: 50,
+                max_age: Duration::from_secs(7200),
+                queue: 1024,
+            },
+            log: LogConfig {
+                format: LogFormat::Json,
+                level: "debug".into(),
+            },
+        }
+    }
+
+    /// Keys that are only valid together (`check`): each is set with the
+    /// others of its group.
+    const TOGETHER: &[&[&str]] = &[&["api.tls_cert", "api.tls_key"]];
+
+    /// The fields of the table at `path` ("" for the top level) as the
+    /// type declares them, from the error an unknown key there gives; `None`
+    /// when `path` is not a table.
+    fn declared_fields(path: &str) -> Option<&'static [&'static str]> {
+        let probe = match path {
+            "" => "__probe".to_string(),
+            p => format!("{p}.__probe"),
+        };
+        let err = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Layer::new("probe".into(), &probe, parse_value("1")))
+            .extract::<Config>()
+            .expect_err(&probe);
+        err.into_iter().find_map(|e| match e.kind {
+            figment::error::Kind::UnknownField(f, expected) if f == "__probe" => Some(expected),
+            _ => None,
+        })
+    }
+
+    /// Every leaf key (`state_dir`, `api.tls_cert`, ...) the type declares.
+    fn declared_keys(path: &str, out: &mut Vec<String>) {
+        for f in declared_fields(path).unwrap_or_else(|| panic!("{path:?} is not a table")) {
+            let key = match path {
+                "" => f.to_string(),
+                p => format!("{p}.{f}"),
+            };
+            match declared_fields(&key) {
+                Some(_) => declared_keys(&key, out),
+                None => out.push(key),
+            }
+        }
+    }
+
+    /// The leaves of a serialised config, by dotted key.
+    fn leaves(
+        prefix: &str,
+        v: &toml::Value,
+        out: &mut std::collections::BTreeMap<String, toml::Value>,
+    ) {
+        match v {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let key = match prefix {
+                        "" => k.clone(),
+                        p => format!("{p}.{k}"),
+                    };
+                    leaves(&key, v, out);
+                }
+            }
+            v => {
+                out.insert(prefix.to_string(), v.clone());
+            }
+        }
+    }
+
+    /// Sets the dotted `key` in `tree`, making the tables on the way.
+    fn set_key(tree: &mut toml::Table, key: &str, v: toml::Value) {
+        match key.split_once('.') {
+            None => {
+                tree.insert(key.to_string(), v);
+            }
+            Some((head, rest)) => {
+                let sub = tree
+                    .entry(head)
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                set_key(sub.as_table_mut().expect(head), rest, v);
+            }
+        }
+    }
+
+    /// Every key the type declares, set to a non-default value through the
+    /// file, its `TINKERBOX_*` variable and `--set`, in turn, lands in the
+    /// config (and nothing else changes). A key added later whose variable
+    /// does not reach it fails here.
+    #[test]
+    fn every_key_is_settable_by_file_env_and_flag() {
+        let mut keys = Vec::new();
+        declared_keys("", &mut keys);
+        let mut full = std::collections::BTreeMap::new();
+        leaves(
+            "",
+            &toml::Value::try_from(every_key_set()).unwrap(),
+            &mut full,
+        );
+        let mut defaults = std::collections::BTreeMap::new();
+        leaves(
+            "",
+            &toml::Value::try_from(Config::default()).unwrap(),
+            &mut defaults,
+        );
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(
+            sorted,
+            full.keys().cloned().collect::<Vec<_>>(),
+            "every_key_set() must set every key the type declares (Option: Some)"
+        );
+        assert!(keys.iter().any(|k| k == "bmc.attempts"), "{keys:?}");
+
+        let mut failed = Vec::new();
+        for key in &keys {
+            let value = &full[key];
+            assert_ne!(
+                defaults.get(key),
+                Some(value),
+                "{key}: every_key_set() has its default"
+            );
+            if let toml::Value::Array(a) = value {
+                assert!(!a.is_empty(), "{key}: every_key_set() has an empty list");
+            }
+            let group: Vec<&str> = TOGETHER
+                .iter()
+                .find(|g| g.contains(&key.as_str()))
+                .map_or(vec![], |g| g.iter().copied().filter(|k| k != key).collect());
+            let mut base = toml::Table::new();
+            for k in &group {
+                set_key(&mut base, k, full[*k].clone());
+            }
+            let mut with_key = base.clone();
+            set_key(&mut with_key, key, value.clone());
+            let mut want = toml::Value::try_from(Config::default())
+                .unwrap()
+                .as_table()
+                .unwrap()
+                .clone();
+            for k in group.iter().copied().chain([key.as_str()]) {
+                set_key(&mut want, k, full[k].clone());
+            }
+            let want: Config = toml::Value::Table(want).try_into().unwrap();
+
+            // A string as a person types it; anything else in TOML syntax.
+            let text = match value {
+                toml::Value::String(s) => s.clone(),
+                v => v.to_string(),
+            };
+            let var = format!("TINKERBOX_{}", key.replace('.', "_").to_ascii_uppercase());
+            if NOT_CONFIG.contains(&&var["TINKERBOX_".len()..]) {
+                failed.push(format!("{key}: {var} belongs to the CLI"));
+            }
+            let base = toml::to_string(&base).unwrap();
+            let tries = [
+                ("file", load(&toml::to_string(&with_key).unwrap(), &[], &[])),
+                (
+                    var.as_str(),
+                    load(&base, &[(var.as_str(), text.as_str())], &[]),
+                ),
+                ("--set", load(&base, &[], &[&format!("{key}={text}")])),
+            ];
+            for (how, got) in tries {
+                match got {
+                    Ok(c) if c == want => {}
+                    Ok(c) => failed.push(format!("{key} by {how} = {text}: got {c:?}")),
+                    Err(e) => failed.push(format!("{key} by {how} = {text}: {e}")),
+                }
+            }
+        }
+        assert!(
+            failed.is_empty(),
+            "{} failed:\n{}",
+            failed.len(),
+            failed.join("\n")
+        );
+    }
+
+    #[test]
+    fn env_names_map_to_keys() {
+        for (var, key) in [
+            ("STATE_DIR", "state_dir"),
+            ("PUBLIC_IP", "public_ip"),
+            ("API_TLS_CERT", "api.tls_cert"),
+            ("DHCP_EFI_BINARY", "dhcp.efi_binary"),
+            ("HTTP_TINK_SERVER", "http.tink_server"),
+            ("HTTP_TINK_SERVER_TLS", "http.tink_server_tls"),
+            ("BMC_ATTEMPTS", "bmc.attempts"),
+            ("BMC_POLL_INTERVAL", "bmc.poll_interval"),
+            ("LOG_LEVEL", "log.level"),
+        ] {
+            assert_eq!(env_key(var), key, "TINKERBOX_{var}");
+        }
+        let c = load("", &[("TINKERBOX_BMC_ATTEMPTS", "5")], &[]).unwrap();
+        assert_eq!(c.bmc.attempts, 5);
     }
 
     #[test]
