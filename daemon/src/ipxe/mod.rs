@@ -31,12 +31,27 @@ pub enum NoScript {
 const RETRIES: u32 = 10;
 const RETRY_DELAY: u32 = 2;
 
-/// Kernel parameters are space-separated: a value from a Hardware must not
-/// smuggle in more parameters or iPXE syntax.
+/// A value from a Hardware as one iPXE token: it must not smuggle in more
+/// kernel parameters or iPXE syntax. Gone: whitespace and control
+/// characters (new tokens, new lines), `$` (setting expansion), quotes,
+/// `\` (iPXE's escape: a trailing one would join the next token or line)
+/// and `#` (a token starting with it comments out the rest of the line,
+/// the `&& goto` that retries a failed download included); and a value
+/// that is a separator (`&&`, `||`, `;`) as a whole.
 fn param_safe(s: &str) -> String {
-    s.chars()
-        .filter(|c| !c.is_whitespace() && !c.is_control() && *c != '$' && *c != '"' && *c != '\'')
-        .collect()
+    let t: String = s
+        .chars()
+        .filter(|c| {
+            !c.is_whitespace() && !c.is_control() && !matches!(c, '$' | '"' | '\'' | '\\' | '#')
+        })
+        .collect();
+    // A token that is one of iPXE's command separators would end the
+    // command there and start another.
+    if matches!(t.as_str(), "&&" | "||" | ";") {
+        String::new()
+    } else {
+        t
+    }
 }
 
 /// The script for interface `iface` of machine `m`.
@@ -55,9 +70,11 @@ pub fn script(m: &Machine, iface: &Interface, s: &ScriptSettings) -> Result<Stri
         });
     }
     if let Some(url) = extra.ipxe_url.as_deref() {
+        // The URL goes through `param_safe` on the echo line too: raw, a
+        // newline or ` && shell` in it was a command of its own.
+        let url = param_safe(url);
         return Ok(format!(
-            "#!ipxe\necho tinkerbox: chaining {url}\nchain --autofree {} || goto failed\n:failed\necho tinkerbox: chain failed\nexit 1\n",
-            param_safe(url)
+            "#!ipxe\necho tinkerbox: chaining {url}\nchain --autofree {url} || goto failed\n:failed\necho tinkerbox: chain failed\nexit 1\n"
         ));
     }
     Ok(osie_script(m, mac, iface, s))
@@ -255,6 +272,45 @@ mod tests {
             script(&m, "52:54:00:00:00:09", &settings()),
             Err(NoScript::NoMac)
         );
+    }
+
+    /// Found by the `ipxe` fuzz target: values that added commands to the
+    /// script or cut its retry logic short.
+    #[test]
+    fn hardware_values_cannot_add_ipxe_commands() {
+        for url in [
+            "http://x/a.ipxe && shell",
+            "http://x/a.ipxe\nshell",
+            "http://x/a.ipxe\\",
+            "#x",
+        ] {
+            let m = machine(&format!("{{allowPXE: true, ipxe: {{url: {url:?}}}}}"));
+            let s = script(&m, MAC, &settings()).unwrap();
+            assert_eq!(s.lines().count(), 6, "{url:?}: {s}");
+            assert!(
+                !s.contains("shell") || s.contains("a.ipxe&&shell") || s.contains("a.ipxeshell"),
+                "{s}"
+            );
+            assert!(!s.contains('\\') && !s.contains(" #"), "{s}");
+        }
+        let separators = |s: &str| -> usize {
+            let kernel = s.lines().find(|l| l.starts_with("kernel ")).unwrap();
+            kernel
+                .split_whitespace()
+                .filter(|t| matches!(*t, "&&" | "||" | ";"))
+                .count()
+        };
+        let plain = script(&machine("{allowPXE: true}"), MAC, &settings()).unwrap();
+        for p in ["#x", "a\\", "x||shell", ";", "&&", "||", "y;shell"] {
+            let m = machine(&format!(
+                "{{allowPXE: true, osie: {{kernel: {p:?}, kernelParams: [{p:?}, shell]}}}}"
+            ));
+            let s = script(&m, MAC, &settings()).unwrap();
+            let kernel = s.lines().find(|l| l.starts_with("kernel ")).unwrap();
+            assert!(kernel.ends_with("goto retry_kernel"), "{p:?}: {kernel}");
+            assert!(!kernel.contains('#') && !kernel.contains('\\'), "{kernel}");
+            assert_eq!(separators(&s), separators(&plain), "{p:?}: {kernel}");
+        }
     }
 
     #[test]
