@@ -1,18 +1,17 @@
 //! A file or request body of documents (text; invalid UTF-8 replaced):
 //! `hardware::parse_documents`, then for each document
 //! `bmc::model::parse` and `hardware::validate`, and for every valid
-//! Hardware the inventory's compact record of it.
+//! Hardware the typed view the inventory keeps of it.
 //!
-//! Checked besides "no panic": the record keeps a machine whole (the
-//! packing is documented as lossless): `Record::from(&machine).machine()`,
-//! and the start-up path `Record::from_stored` on the stored document,
-//! both give back the validated machine, and `dhcp_machine()` its
-//! interfaces.
+//! Checked besides "no panic": the start-up path (`Machine::from_doc` on
+//! the stored text) gives the very view that validation made, details
+//! included, and the snapshot finds the machine by each of its MACs.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use tinkerbox::bmc::model::{self, Doc};
-use tinkerbox::hardware::{self, Record};
+use tinkerbox::hardware::{self, Machine};
+use tinkerbox::inventory::Snapshot;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
@@ -36,20 +35,19 @@ fuzz_target!(|data: &[u8]| {
             continue;
         };
         let m = &hw.machine;
-        let packed = Record::from(m);
-        assert_eq!(
-            &packed.machine(),
-            m,
-            "Record::from(&machine) lost something"
-        );
-        assert_eq!(packed.macs().collect::<Vec<_>>(), m.macs);
-        assert_eq!(packed.ips().collect::<Vec<_>>(), m.ips);
-        assert_eq!(packed.dhcp_machine().spec.interfaces, m.spec.interfaces);
-        assert_eq!(packed.bmc_ref(), m.spec.bmc_ref);
         let stored = serde_json::to_string(&hw.doc).unwrap_or_default();
-        match Record::from_stored(m.key.clone(), &stored) {
-            Ok(r) => assert_eq!(&r.machine(), m, "from_stored({stored}) differs"),
+        match Machine::from_doc(m.key.clone(), &stored) {
+            Ok(again) => {
+                assert_eq!(&again, m, "from_doc({stored}) differs");
+                assert_eq!(again.details(), m.details());
+            }
             Err(e) => panic!("a validated document does not load: {e}: {stored}"),
+        }
+        let snap = Snapshot::build([m.clone()]);
+        for mac in m.macs() {
+            let (found, iface) = snap.by_mac(&mac).expect("found by its MAC");
+            assert_eq!(found.key, m.key);
+            assert_eq!(iface.mac, Some(mac));
         }
     }
 });

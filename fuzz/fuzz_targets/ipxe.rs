@@ -15,9 +15,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use serde_json::json;
 use std::sync::LazyLock;
-use tinkerbox::hardware::spec::{Dhcp, Facility, HardwareMetadata, Interface, Ipxe, Netboot, Osie};
-use tinkerbox::hardware::{Key, Mac, Machine};
+use tinkerbox::hardware::{self, Mac, Machine};
 use tinkerbox::ipxe::{self, ScriptSettings};
 use tinkerbox_fuzz::Input;
 
@@ -93,46 +93,30 @@ impl Strings {
         }
     }
 
-    fn machine(&self) -> Machine {
-        let mut m = Machine {
-            key: Key::new("default", "m1"),
-            spec: Default::default(),
-            macs: vec![MAC],
-            ips: vec![],
-        };
-        m.spec.agent_id = self.agent_id.clone();
-        m.spec.metadata = Some(HardwareMetadata {
-            facility: Some(Facility {
-                facility_code: self.facility.clone(),
-                ..Facility::default()
-            }),
-            ..HardwareMetadata::default()
+    /// The Hardware, validated as an apply would; `None` when it would
+    /// be refused (then no script is ever made from it).
+    fn machine(&self) -> Option<Machine> {
+        // VLAN ids are checked on apply: keep one only when it is one.
+        let vlan = self.vlan_id.clone().filter(|v| {
+            v.split(',')
+                .all(|p| p.trim().parse::<u16>().is_ok_and(|n| n <= 4096))
         });
-        m.spec.interfaces = vec![Interface {
-            dhcp: Some(Dhcp {
-                mac: Some(MAC.to_string()),
-                vlan_id: self.vlan_id.clone(),
-                ..Dhcp::default()
-            }),
-            netboot: Some(Netboot {
-                allow_pxe: self.allow_pxe,
-                ipxe: Some(Ipxe {
-                    binary: None,
-                    contents: self.contents.clone(),
-                    url: self.url.clone(),
-                }),
-                osie: Some(Osie {
-                    base_url: self.base_url.clone(),
-                    initrd: self.initrd.clone(),
-                    kernel: self.kernel.clone(),
-                    kernel_params: self.kernel_params.clone(),
-                }),
-                ..Netboot::default()
-            }),
-            ..Interface::default()
-        }];
-        m
+        let doc = json!({"apiVersion": "tinkerbell.org/v1alpha1", "kind": "Hardware",
+            "metadata": {"name": "m1"},
+            "spec": {"agentID": self.agent_id,
+                "metadata": {"facility": {"facility_code": self.facility}},
+                "interfaces": [{"dhcp": {"mac": MAC.to_string(), "vlan_id": vlan},
+                    "netboot": {"allowPXE": self.allow_pxe,
+                        "ipxe": {"contents": self.contents, "url": self.url},
+                        "osie": {"baseURL": self.base_url, "initrd": self.initrd,
+                            "kernel": self.kernel, "kernelParams": self.kernel_params}}}]}});
+        hardware::validate(doc).ok().map(|h| h.machine)
     }
+}
+
+fn render_script(m: &Machine) -> Result<String, ipxe::NoScript> {
+    let iface = m.interface(MAC).ok_or(ipxe::NoScript::NoMac)?;
+    ipxe::script(m, iface, &SETTINGS)
 }
 
 /// iPXE's `isspace`.
@@ -200,7 +184,8 @@ fn shape(script: &str) -> Vec<Vec<String>> {
 fuzz_target!(|data: &[u8]| {
     let mut inp = Input::new(data);
     let strings = Strings::read(&mut inp);
-    let Ok(script) = ipxe::script(&strings.machine(), MAC, &SETTINGS) else {
+    let Some(m) = strings.machine() else { return };
+    let Ok(script) = render_script(&m) else {
         return;
     };
     assert!(script.starts_with("#!ipxe"), "no #!ipxe header");
@@ -212,8 +197,10 @@ fuzz_target!(|data: &[u8]| {
         // The Hardware's own script, as is.
         return;
     }
-    let benign = ipxe::script(&strings.benign().machine(), MAC, &SETTINGS)
-        .expect("the benign Hardware gets a script too");
+    let Some(b) = strings.benign().machine() else {
+        return;
+    };
+    let benign = render_script(&b).expect("the benign Hardware gets a script too");
     if strings.url.as_ref().is_none_or(|u| u.trim().is_empty()) {
         let kernel_lines = script
             .split('\n')

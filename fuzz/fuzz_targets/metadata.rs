@@ -20,11 +20,9 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use std::net::IpAddr;
 use std::sync::LazyLock;
-use tinkerbox::hardware::spec::{
-    Dhcp, Facility, HardwareMetadata, Instance, InstanceIp, Interface, Ip, OperatingSystem,
-};
-use tinkerbox::hardware::{Key, Machine};
-use tinkerbox::metadata::{self, http::client_ip, token::Tokens};
+use tinkerbox::hardware::{self, Machine};
+use tinkerbox::inventory::Snapshot;
+use tinkerbox::metadata::{self, Source, http::client_ip, token::Tokens};
 use tinkerbox_fuzz::{Input, metadata_machine};
 
 static FIXED: LazyLock<Machine> = LazyLock::new(metadata_machine);
@@ -36,78 +34,57 @@ static TRUSTED: LazyLock<Vec<IpNet>> = LazyLock::new(|| {
         .collect()
 });
 
-/// A machine whose every string the renderers read comes from the input.
-fn machine_from(inp: &mut Input) -> Machine {
+/// A machine whose every string the renderers read comes from the input
+/// (addresses and MACs valid, as validation leaves only those).
+fn machine_from(inp: &mut Input) -> Option<Machine> {
     let mut interfaces = Vec::new();
     for _ in 0..inp.u8() % 4 {
-        let ip = inp.bool().then(|| Ip {
-            address: inp.opt_string(),
-            family: None,
-            gateway: inp.opt_string(),
-            netmask: inp.opt_string(),
+        let ip = inp.bool().then(|| {
+            json!({"address": inp.ip().to_string(), "gateway": inp.ip().to_string(),
+                   "netmask": format!("255.255.{}.0", [0u8, 128, 192, 255][usize::from(inp.u8() % 4)])})
         });
-        interfaces.push(Interface {
-            dhcp: Some(Dhcp {
-                arch: inp.opt_string(),
-                domain_name: inp.opt_string(),
-                hostname: inp.opt_string(),
-                iface_name: inp.opt_string(),
-                ip,
-                // A MAC that parses half the time, so interfaces are listed.
-                mac: if inp.bool() {
-                    Some(format!("52:54:00:00:00:{:02x}", inp.u8()))
-                } else {
-                    inp.opt_string()
-                },
-                name_servers: inp.strings(3),
-                vlan_id: inp.opt_string(),
-                ..Dhcp::default()
-            }),
-            ..Interface::default()
-        });
+        interfaces.push(json!({"dhcp": {
+            "arch": inp.opt_string(), "domain_name": inp.opt_string(),
+            "hostname": inp.opt_string(), "iface_name": inp.opt_string(), "ip": ip,
+            "mac": format!("52:54:00:00:{:02x}:{:02x}", interfaces.len(), inp.u8()),
+            "name_servers": [inp.ip().to_string()], "vlan_id": inp.bool().then(|| inp.u16() % 4096).map(|v| v.to_string()),
+        }}));
     }
     let mut ips = Vec::new();
     for _ in 0..inp.u8() % 4 {
         let flags = inp.u8();
-        ips.push(InstanceIp {
-            address: inp.opt_string(),
-            family: Some(if flags & 1 == 1 { 6 } else { 4 }),
-            gateway: inp.opt_string(),
-            management: Some(flags & 2 == 2),
-            netmask: inp.opt_string(),
-            public: Some(flags & 4 == 4),
-        });
+        ips.push(
+            json!({"address": inp.opt_string(), "family": if flags & 1 == 1 { 6 } else { 4 },
+            "gateway": inp.opt_string(), "management": flags & 2 == 2, "netmask": inp.opt_string(),
+            "public": flags & 4 == 4}),
+        );
     }
-    let instance = Instance {
-        hostname: inp.opt_string(),
-        id: inp.opt_string(),
-        ips,
-        operating_system: Some(OperatingSystem {
-            distro: inp.opt_string(),
-            image_tag: inp.opt_string(),
-            os_slug: inp.opt_string(),
-            slug: inp.opt_string(),
-            version: inp.opt_string(),
-        }),
-        ssh_keys: inp.strings(4),
-        state: inp.opt_string(),
-        tags: inp.strings(3),
-        ..Instance::default()
-    };
-    let mut m = FIXED.clone();
-    m.key = Key::new("fuzz", "m1");
-    m.spec.interfaces = interfaces;
-    m.spec.metadata = Some(HardwareMetadata {
-        facility: Some(Facility {
-            facility_code: inp.opt_string(),
-            plan_slug: inp.opt_string(),
-            plan_version_slug: None,
-        }),
-        instance: Some(instance),
-        state: inp.opt_string(),
-        ..HardwareMetadata::default()
-    });
-    m
+    let instance = json!({"hostname": inp.opt_string(), "id": inp.opt_string(), "ips": ips,
+        "operating_system": {"distro": inp.opt_string(), "image_tag": inp.opt_string(),
+            "os_slug": inp.opt_string(), "slug": inp.opt_string(), "version": inp.opt_string()},
+        "ssh_keys": inp.strings(4), "state": inp.opt_string(), "tags": inp.strings(3)});
+    let doc = json!({"apiVersion": "tinkerbell.org/v1alpha1", "kind": "Hardware",
+        "metadata": {"name": "m1", "namespace": "fuzz"},
+        "spec": {"interfaces": interfaces, "metadata": {
+            "facility": {"facility_code": inp.opt_string(), "plan_slug": inp.opt_string()},
+            "instance": instance, "state": inp.opt_string()}}});
+    hardware::validate(doc).ok().map(|h| h.machine)
+}
+
+/// Render with the caller being `ip`'s interface, as the service finds it
+/// (else the first interface, else none).
+fn with_source<R>(m: &Machine, ip: IpAddr, f: impl FnOnce(&Source) -> R) -> R {
+    let snap = Snapshot::build([m.clone()]);
+    let details = m.details();
+    let found = snap.by_ip(&ip).map(|(_, i)| i.clone());
+    let iface = found
+        .or_else(|| m.interfaces.first().cloned())
+        .unwrap_or_default();
+    f(&Source {
+        machine: m,
+        iface: &iface,
+        details: &details,
+    })
 }
 
 /// A NoCloud document reads back as what it was rendered from.
@@ -120,28 +97,27 @@ fn yaml_round_trip(yaml: &str, want: &Value) {
 }
 
 fn render_all(m: &Machine, ip: IpAddr, path: &str) {
-    let _ = metadata::ec2_get(m, ip, path);
-    let _ = metadata::ec2_get(m, ip, "");
-    let _ = metadata::ec2_get(m, ip, "public-keys");
-    let _ = metadata::dynamic(m, ip)
-        .get("instance-identity/document")
-        .map(|n| n.render());
-    let _ = metadata::metadata_json(m, ip).to_string();
-    if let Some(listing) = metadata::public_keys_listing(m) {
-        let keys = metadata::ssh_keys(m);
-        assert_eq!(listing.lines().count(), keys.len(), "{listing:?}");
-    }
-
-    // NoCloud meta-data: the local hostname is the EC2 tree's.
-    let nocloud = metadata::nocloud_meta_data(m, ip);
-    let want = json!({
-        "instance-id": metadata::instance_id(m),
-        "local-hostname": metadata::ec2_get(m, ip, "local-hostname"),
-        "public-keys": metadata::ssh_keys(m),
+    with_source(m, ip, |src| {
+        let _ = metadata::ec2_get(src, path);
+        let _ = metadata::ec2_get(src, "");
+        let _ = metadata::ec2_get(src, "public-keys");
+        let _ = metadata::dynamic(src)
+            .get("instance-identity/document")
+            .map(|n| n.render());
+        let _ = metadata::metadata_json(src).to_string();
+        if let Some(listing) = metadata::public_keys_listing(src) {
+            assert_eq!(listing.lines().count(), src.ssh_keys().len(), "{listing:?}");
+        }
+        // NoCloud meta-data: the local hostname is the EC2 tree's.
+        let nocloud = metadata::nocloud_meta_data(src).expect("meta-data renders");
+        let want = json!({
+            "instance-id": src.instance_id(),
+            "local-hostname": metadata::ec2_get(src, "local-hostname"),
+            "public-keys": src.ssh_keys(),
+        });
+        yaml_round_trip(&nocloud, &want);
     });
-    yaml_round_trip(&nocloud, &want);
-
-    let net = metadata::nocloud_network_config(m);
+    let net = metadata::nocloud_network_config(m).expect("network-config renders");
     let v: Value = serde_saphyr::from_str(&net).unwrap_or(Value::Null);
     assert_eq!(v["network"]["version"], json!(2), "network-config:\n{net}");
     // Every rendered interface is a mapping with its MAC as a string.
@@ -161,7 +137,7 @@ fuzz_target!(|data: &[u8]| {
     let path = inp.string();
 
     // The fixed machine, any path.
-    let _ = metadata::ec2_get(&FIXED, ip, &path);
+    with_source(&FIXED, ip, |src| metadata::ec2_get(src, &path));
 
     // X-Forwarded-For and the peer.
     let peer = inp.ip();
@@ -187,6 +163,7 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // A machine made of the input, every renderer.
-    let m = machine_from(&mut inp);
-    render_all(&m, ip, &path);
+    if let Some(m) = machine_from(&mut inp) {
+        render_all(&m, ip, &path);
+    }
 });
