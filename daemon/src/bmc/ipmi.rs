@@ -37,28 +37,7 @@ pub const CIPHER_SUITE: u8 = 3;
 /// ADMINISTRATOR: chassis control needs it, and an RMCP+ session starts lower.
 const ADMINISTRATOR: u8 = 4;
 
-/// The Ipmi protocol, for the job runner.
-pub struct Ipmi;
-
-impl super::Protocol for Ipmi {
-    fn name(&self) -> &'static str {
-        "ipmi"
-    }
-
-    fn power<'a>(&'a self, t: &'a Target, action: PowerAction) -> super::Call<'a, PowerState> {
-        Box::pin(power(t, action))
-    }
-
-    fn set_boot_device<'a>(
-        &'a self,
-        t: &'a Target,
-        dev: BootDevice,
-        persistent: bool,
-        efi: bool,
-    ) -> super::Call<'a, ()> {
-        Box::pin(set_boot_device(t, dev, persistent, efi))
-    }
-}
+protocol!(Ipmi, "ipmi");
 
 /// Chassis power after an action, or now (`PowerAction::Status`). For off,
 /// soft and cycle the BMC may still report the old state for a while: this

@@ -2,6 +2,39 @@
 //! Rufio does with bmclib. The protocol clients share one small vocabulary
 //! (this module); jobs of ordered tasks drive them.
 
+/// `pub struct $ty`, the [`Protocol`] whose calls are the invoking
+/// module's `power` and `set_boot_device` functions.
+macro_rules! protocol {
+    ($ty:ident, $name:literal) => {
+        #[doc = concat!("The ", $name, " protocol, for the job runner.")]
+        pub struct $ty;
+
+        impl super::Protocol for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn power<'a>(
+                &'a self,
+                t: &'a Target,
+                action: PowerAction,
+            ) -> super::Call<'a, PowerState> {
+                Box::pin(power(t, action))
+            }
+
+            fn set_boot_device<'a>(
+                &'a self,
+                t: &'a Target,
+                dev: BootDevice,
+                persistent: bool,
+                efi: bool,
+            ) -> super::Call<'a, ()> {
+                Box::pin(set_boot_device(t, dev, persistent, efi))
+            }
+        }
+    };
+}
+
 pub mod ipmi;
 pub mod jobs;
 pub mod model;

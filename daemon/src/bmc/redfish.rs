@@ -25,28 +25,7 @@ const MAX_QUOTE: usize = 300;
 /// Where DSP0266 puts the sessions collection when the root does not say.
 const DEFAULT_SESSIONS: &str = "/redfish/v1/SessionService/Sessions";
 
-/// The Redfish protocol, for the job runner.
-pub struct Redfish;
-
-impl super::Protocol for Redfish {
-    fn name(&self) -> &'static str {
-        "redfish"
-    }
-
-    fn power<'a>(&'a self, t: &'a Target, action: PowerAction) -> super::Call<'a, PowerState> {
-        Box::pin(power(t, action))
-    }
-
-    fn set_boot_device<'a>(
-        &'a self,
-        t: &'a Target,
-        dev: BootDevice,
-        persistent: bool,
-        efi: bool,
-    ) -> super::Call<'a, ()> {
-        Box::pin(set_boot_device(t, dev, persistent, efi))
-    }
-}
+protocol!(Redfish, "redfish");
 
 /// Run a power action; `Status` only reads the state.
 ///
