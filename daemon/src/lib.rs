@@ -25,3 +25,4 @@ pub mod syslog;
 pub mod tftp;
 pub mod token;
 pub mod udp;
+pub mod workflow;

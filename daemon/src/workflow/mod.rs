@@ -1,0 +1,10 @@
+//! Workflows without Kubernetes: Tink's Templates and Workflows, rendered
+//! and run by tinkerbox itself (tink-controller's and tink-server's jobs).
+//!
+//! - [`template`]: the rendered template document and its rules;
+//! - [`render`]: Go text/template rendering with tink-controller's data;
+//! - [`funcs`]: the functions a Template may call.
+
+pub mod funcs;
+pub mod render;
+pub mod template;

@@ -1,0 +1,307 @@
+//! Rendering a Template for one Workflow, as tink-controller does:
+//! Go `text/template` (gotmpl, a port of it) with `missingkey=error`, the
+//! functions of [`super::funcs`], output capped at 256 KiB while it is
+//! written, then parsed and checked ([`super::template::parse`]).
+//!
+//! The data: every `hardwareMap` entry at the top level (`{{.device_1}}`),
+//! `hardware` (the Hardware document as stored, so fields go by their JSON
+//! names: `{{.hardware.spec.metadata.instance.id}}`), `references` (empty:
+//! there is no cluster to read references from), and the legacy
+//! `Hardware` (`Disks`, `Interfaces`, `UserData`, `Metadata`, `VendorData`,
+//! fields by their Go names: `{{index .Hardware.Disks 0}}`).
+
+use super::template::{self, Document, MAX_RENDERED};
+use gotmpl::{MissingKey, Template, Value};
+use serde_json::Value as Json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Why a Template did not render; the text goes into the Workflow's
+/// `TemplateRenderedSuccess` condition.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RenderError {
+    #[error("template does not parse: {0}")]
+    Parse(String),
+    #[error("template does not render: {0}")]
+    Execute(String),
+    #[error("rendered template exceeds {MAX_RENDERED} bytes")]
+    TooLarge,
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Render `data` (a Template's `spec.data`) for `hardware` (the Hardware
+/// document as stored, if the Workflow names one) and the Workflow's
+/// `hardwareMap`.
+pub fn render(
+    data: &str,
+    hardware: Option<&Json>,
+    hardware_map: &BTreeMap<String, String>,
+) -> Result<Document, RenderError> {
+    let t = Template::new("workflow-template")
+        .missing_key(MissingKey::Error)
+        // A bound on loops besides the output cap: `range` over a huge
+        // list that writes nothing would otherwise spin.
+        .max_range_iters(100_000)
+        .funcs(super::funcs::map())
+        .parse(data)
+        .map_err(|e| RenderError::Parse(e.to_string()))?;
+    let mut out = Capped::default();
+    if let Err(e) = t.execute_fmt(&mut out, &input(hardware, hardware_map)) {
+        return Err(if out.over {
+            RenderError::TooLarge
+        } else {
+            RenderError::Execute(e.to_string())
+        });
+    }
+    template::parse(&out.out).map_err(RenderError::Invalid)
+}
+
+/// A writer that fails once the output would pass the cap.
+#[derive(Default)]
+struct Capped {
+    out: String,
+    over: bool,
+}
+
+impl std::fmt::Write for Capped {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if self.out.len() + s.len() > MAX_RENDERED {
+            self.over = true;
+            return Err(std::fmt::Error);
+        }
+        self.out.push_str(s);
+        Ok(())
+    }
+}
+
+fn input(hardware: Option<&Json>, hardware_map: &BTreeMap<String, String>) -> Value {
+    let mut top: BTreeMap<String, Value> = hardware_map
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(Arc::from(v.as_str()))))
+        .collect();
+    let empty = Json::Object(Default::default());
+    let hw = hardware.unwrap_or(&empty);
+    top.insert(
+        "hardware".into(),
+        gotmpl::to_value(hw).unwrap_or(Value::Nil),
+    );
+    top.insert(
+        "references".into(),
+        Value::from(BTreeMap::<String, Value>::new()),
+    );
+    top.insert("Hardware".into(), legacy(hw));
+    Value::from(top)
+}
+
+/// tink-controller's `templateHardwareData`: a Go struct, so its fields
+/// are always there (zero when unset) and go by their Go names.
+fn legacy(hw: &Json) -> Value {
+    let spec = hw.get("spec");
+    let field = |k: &str| spec.and_then(|s| s.get(k));
+    let disks: Vec<Value> = field("disks")
+        .and_then(Json::as_array)
+        .map(|d| {
+            d.iter()
+                .map(|d| {
+                    Value::String(Arc::from(
+                        d.get("device").and_then(Json::as_str).unwrap_or(""),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let text = |k: &str| Value::String(Arc::from(field(k).and_then(Json::as_str).unwrap_or("")));
+    let mut m = BTreeMap::<String, Value>::new();
+    m.insert("Disks".into(), Value::List(disks.into()));
+    m.insert(
+        "Interfaces".into(),
+        field("interfaces").map_or(Value::Nil, go_names),
+    );
+    m.insert("UserData".into(), text("userData"));
+    m.insert(
+        "Metadata".into(),
+        field("metadata").map_or_else(|| Value::from(BTreeMap::<String, Value>::new()), go_names),
+    );
+    m.insert("VendorData".into(), text("vendorData"));
+    Value::from(m)
+}
+
+/// JSON member names of Tinkerbell's Hardware types -> their Go field
+/// names (api/v1alpha1/tinkerbell/hardware.go), for the legacy data.
+/// Names not listed get their first letter upper-cased.
+const GO_NAMES: &[(&str, &str)] = &[
+    ("netboot", "Netboot"),
+    ("isoboot", "Isoboot"),
+    ("dhcp", "DHCP"),
+    ("disableDhcp", "DisableDHCP"),
+    ("allowPXE", "AllowPXE"),
+    ("allowWorkflow", "AllowWorkflow"),
+    ("ipxe", "IPXE"),
+    ("osie", "OSIE"),
+    ("url", "URL"),
+    ("baseURL", "BaseURL"),
+    ("kernelParams", "KernelParams"),
+    ("mac", "MAC"),
+    ("domain_name", "DomainName"),
+    ("lease_time", "LeaseTime"),
+    ("name_servers", "NameServers"),
+    ("time_servers", "TimeServers"),
+    ("uefi", "UEFI"),
+    ("iface_name", "IfaceName"),
+    ("ip", "IP"),
+    ("vlan_id", "VLANID"),
+    ("classless_static_routes", "ClasslessStaticRoutes"),
+    ("destination_descriptor", "DestinationDescriptor"),
+    ("tftp_server_name", "TFTPServerName"),
+    ("boot_file_name", "BootFileName"),
+    ("bonding_mode", "BondingMode"),
+    ("id", "ID"),
+    ("allow_pxe", "AllowPxe"),
+    ("operating_system", "OperatingSystem"),
+    ("always_pxe", "AlwaysPxe"),
+    ("ipxe_script_url", "IpxeScriptURL"),
+    ("crypted_root_password", "CryptedRootPassword"),
+    ("ssh_keys", "SSHKeys"),
+    ("network_ready", "NetworkReady"),
+    ("image_tag", "ImageTag"),
+    ("os_slug", "OsSlug"),
+    ("wipe_table", "WipeTable"),
+    ("type_guid", "TypeGUID"),
+    ("uid", "UID"),
+    ("gid", "GID"),
+    (
+        "preinstalled_operating_system_version",
+        "PreinstalledOperatingSystemVersion",
+    ),
+    ("private_subnets", "PrivateSubnets"),
+    ("plan_slug", "PlanSlug"),
+    ("plan_version_slug", "PlanVersionSlug"),
+    ("facility_code", "FacilityCode"),
+    ("sourceISO", "SourceISO"),
+    ("pxelinux", "PXELINUX"),
+    ("rpi", "RPI"),
+];
+
+fn go_names(j: &Json) -> Value {
+    match j {
+        Json::Object(o) => Value::from(
+            o.iter()
+                .map(|(k, v)| {
+                    let name = GO_NAMES
+                        .iter()
+                        .find(|(json, _)| json == k)
+                        .map(|(_, go)| (*go).to_string())
+                        .unwrap_or_else(|| {
+                            let mut c = k.chars();
+                            c.next()
+                                .map(|f| f.to_uppercase().chain(c).collect())
+                                .unwrap_or_default()
+                        });
+                    (name, go_names(v))
+                })
+                .collect::<BTreeMap<String, Value>>(),
+        ),
+        Json::Array(a) => Value::List(a.iter().map(go_names).collect::<Vec<_>>().into()),
+        other => gotmpl::to_value(other).unwrap_or(Value::Nil),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn hw() -> Json {
+        json!({"apiVersion": "tinkerbell.org/v1alpha1", "kind": "Hardware",
+            "metadata": {"name": "sm01", "namespace": "default"},
+            "spec": {"disks": [{"device": "/dev/nvme0n1"}],
+                "userData": "#cloud-config",
+                "metadata": {"instance": {"id": "3c:ec:ef:4c:4f:54", "hostname": "sm01"}},
+                "interfaces": [{"dhcp": {"mac": "3c:ec:ef:4c:4f:54", "ip": {"address": "10.0.0.5", "netmask": "255.255.255.0"}},
+                    "netboot": {"allowPXE": true}}]}})
+    }
+
+    fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    const T: &str = "version: '0.1'\nname: t\nglobal_timeout: 60\ntasks:\n- name: a\n  worker: '{{.device_1}}'\n  actions:\n  - name: x\n    image: bash\n";
+
+    #[test]
+    fn every_source_of_data() {
+        let src = format!(
+            "{T}    environment:\n      D: {{{{ index .Hardware.Disks 0 }}}}\n      P: {{{{ formatPartition (index .Hardware.Disks 0) 3 }}}}\n      I: '{{{{ .hardware.spec.metadata.instance.id }}}}'\n      M: '{{{{ (index .Hardware.Interfaces 0).DHCP.MAC }}}}'\n      N: '{{{{ netmaskToPrefixLength (index .Hardware.Interfaces 0).DHCP.IP.Netmask }}}}'\n      U: '{{{{ .Hardware.UserData }}}}'\n      V: '{{{{ .Hardware.VendorData }}}}'\n      H: '{{{{ .Hardware.Metadata.Instance.Hostname }}}}'\n      R: '{{{{ len .references }}}}'\n"
+        );
+        let d = render(
+            &src,
+            Some(&hw()),
+            &map(&[("device_1", "3c:ec:ef:4c:4f:54")]),
+        )
+        .unwrap();
+        assert_eq!(d.tasks[0].worker, "3c:ec:ef:4c:4f:54");
+        let env = &d.tasks[0].actions[0].environment;
+        assert_eq!(env["D"], "/dev/nvme0n1");
+        assert_eq!(env["P"], "/dev/nvme0n1p3");
+        assert_eq!(env["I"], "3c:ec:ef:4c:4f:54");
+        assert_eq!(env["M"], "3c:ec:ef:4c:4f:54");
+        assert_eq!(env["N"], "24");
+        assert_eq!(env["U"], "#cloud-config");
+        assert_eq!(env["V"], "");
+        assert_eq!(env["H"], "sm01");
+        assert_eq!(env["R"], "0");
+    }
+
+    #[test]
+    fn failures_say_which_and_why() {
+        let none = BTreeMap::new();
+        // A key the hardwareMap does not have: missingkey=error.
+        let e = render(T, Some(&hw()), &none).unwrap_err();
+        assert!(
+            matches!(&e, RenderError::Execute(m) if m.contains("device_1")),
+            "{e}"
+        );
+        let e = render("{{ .x ", None, &none).unwrap_err();
+        assert!(matches!(e, RenderError::Parse(_)), "{e}");
+        let e = render("{{ nosuchfunc 1 }}", None, &none).unwrap_err();
+        assert!(e.to_string().contains("nosuchfunc"), "{e}");
+        let e = render("name: [", None, &none).unwrap_err();
+        assert!(
+            matches!(&e, RenderError::Invalid(m) if m.contains("not valid YAML")),
+            "{e}"
+        );
+        // Output past the cap stops while it is written: 101 x 3000 bytes.
+        let big = "{{ range splitList \",\" (repeat 100 \"a,\") }}{{ repeat 3000 \"x\" }}{{ end }}";
+        let e = render(big, None, &none).unwrap_err();
+        assert_eq!(e, RenderError::TooLarge);
+    }
+
+    /// Every Template of the compatibility corpus renders, with the data a
+    /// CAPT Workflow gives it.
+    #[test]
+    fn the_compat_templates_render() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/compat");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            panic!("the compat corpus is missing: {}", dir.display());
+        };
+        let hw = hw();
+        let hm = map(&[("device_1", "3c:ec:ef:4c:4f:54")]);
+        let mut n = 0;
+        for e in entries {
+            let path = e.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if !name.starts_with("template-") {
+                continue;
+            }
+            let doc: Json =
+                serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let data = doc["spec"]["data"].as_str().unwrap();
+            let d = render(data, Some(&hw), &hm).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(d.tasks[0].worker, "3c:ec:ef:4c:4f:54", "{name}");
+            n += 1;
+        }
+        assert_eq!(n, 4, "the corpus has four Templates");
+    }
+}
