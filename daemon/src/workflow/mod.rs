@@ -3,8 +3,10 @@
 //!
 //! - [`template`]: the rendered template document and its rules;
 //! - [`render`]: Go text/template rendering with tink-controller's data;
-//! - [`funcs`]: the functions a Template may call.
+//! - [`funcs`]: the functions a Template may call;
+//! - [`model`]: the Template and Workflow documents and the Workflow status.
 
 pub mod funcs;
+pub mod model;
 pub mod render;
 pub mod template;
