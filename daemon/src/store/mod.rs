@@ -17,6 +17,7 @@ use std::path::Path;
 use std::time::Duration;
 
 pub mod bmc;
+pub mod workflow;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/store");
 
