@@ -15,6 +15,7 @@ pub mod hardware;
 pub mod http;
 pub mod inventory;
 pub mod ipxe;
+pub mod kinds;
 pub mod metadata;
 pub mod metrics;
 pub mod priority;

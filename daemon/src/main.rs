@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use tinkerbox::cli::{self, Output, Target};
 use tinkerbox::config::{Config, LogFormat, Sources};
+use tinkerbox::kinds::Kind;
 
 /// mimalloc rather than glibc's malloc: every DHCP reply's event is built
 /// on a DHCP thread and freed by the event writer, and glibc pays for such
@@ -54,6 +55,50 @@ enum Command {
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
+    },
+    /// Create or update documents of any kind (Hardware, Template, Workflow, BMC Machine/Job/Task, Secret)
+    Apply {
+        /// File or directory to read (its .yaml/.yml/.json files), or - for standard input (repeatable)
+        #[arg(
+            short = 'f',
+            long = "filename",
+            required = true,
+            value_name = "FILE|DIR"
+        )]
+        files: Vec<String>,
+        /// Check everything, then apply it all or nothing
+        #[arg(long)]
+        atomic: bool,
+    },
+    /// List objects of a kind, or show one
+    Get {
+        /// hardware, template, workflow, machine, job, task
+        #[arg(value_enum)]
+        kind: Kind,
+        name: Option<String>,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// Every namespace
+        #[arg(short = 'A', long, conflicts_with = "namespace")]
+        all_namespaces: bool,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Delete an object (hardware, template, workflow)
+    Delete {
+        #[arg(value_enum)]
+        kind: Kind,
+        name: String,
+        #[arg(short, long)]
+        namespace: Option<String>,
+    },
+    /// Show a workflow in detail: tasks, actions, state, durations, messages, conditions
+    Describe {
+        #[arg(value_enum)]
+        kind: DescribeKind,
+        name: String,
+        #[arg(short, long)]
+        namespace: Option<String>,
     },
     /// Manage Tinkerbell Hardware objects
     Hardware {
@@ -169,6 +214,12 @@ enum ConfigCommand {
     },
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DescribeKind {
+    #[value(alias = "workflows", alias = "wf")]
+    Workflow,
+}
+
 #[derive(Subcommand)]
 enum HardwareCommand {
     /// Create or update Hardware from YAML/JSON (one or many documents, or a list)
@@ -262,9 +313,36 @@ async fn run(args: Args) -> anyhow::Result<()> {
             print!("{}", config.to_toml());
             Ok(())
         }
+        Command::Apply { files, atomic } => cli::apply(&target(vec![]), files, *atomic, None).await,
+        Command::Get {
+            kind,
+            name,
+            namespace,
+            all_namespaces,
+            output,
+        } => {
+            let a = cli::objects::GetArgs {
+                kind: *kind,
+                name: name.as_deref(),
+                namespace: namespace.as_deref(),
+                all_namespaces: *all_namespaces,
+                output: *output,
+            };
+            cli::objects::get(&target(vec![]), a).await
+        }
+        Command::Delete {
+            kind,
+            name,
+            namespace,
+        } => cli::objects::delete(&target(vec![]), *kind, name, namespace.as_deref()).await,
+        Command::Describe {
+            kind: DescribeKind::Workflow,
+            name,
+            namespace,
+        } => cli::objects::describe(&target(vec![]), name, namespace.as_deref()).await,
         Command::Hardware { command } => match command {
             HardwareCommand::Apply { files, atomic } => {
-                cli::apply(&target(vec![]), files, *atomic).await
+                cli::apply(&target(vec![]), files, *atomic, Some(Kind::Hardware)).await
             }
             HardwareCommand::Get {
                 name,

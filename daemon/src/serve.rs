@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::events;
 use crate::inventory::{Inventory, Snapshot};
 use crate::metrics::Metrics;
-use crate::services::{BmcService, HardwareService, Services};
+use crate::services::{BmcService, HardwareService, Services, WorkflowService};
 use crate::store::Store;
 use crate::{api, bmc, dhcp, http, syslog, tftp, token};
 use anyhow::Context;
@@ -29,6 +29,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (app, bmc, writer) = open(&config, started).await?;
     let n = app.inventory.snapshot().len();
     let bmc_task = tokio::spawn(bmc.clone().run());
+    let engine_task = tokio::spawn(
+        crate::workflow::engine::Engine::new(app.store.clone(), app.services.workflow.wake.clone())
+            .run(),
+    );
     let poll_task = (!config.bmc.poll_interval.is_zero())
         .then(|| tokio::spawn(bmc.poll(config.bmc.poll_interval)));
     // Bind everything before READY, so a port clash fails the start.
@@ -63,6 +67,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         w.abort();
     }
     bmc_task.abort();
+    engine_task.abort();
     if let Some(p) = poll_task {
         p.abort();
     }
@@ -130,6 +135,7 @@ async fn open(
             metrics.clone(),
         ),
         bmc: BmcService::new(store.clone(), sink.clone(), wake),
+        workflow: WorkflowService::new(store.clone(), Arc::new(tokio::sync::Notify::new())),
     });
     let app = Arc::new(App {
         config: config.clone(),

@@ -270,10 +270,47 @@ impl BmcService {
     }
 }
 
+/// Templates and Workflows: apply and delete. The engine
+/// ([`crate::workflow`]) is woken for every change; it alone writes a
+/// Workflow's status.
+pub struct WorkflowService {
+    store: Store,
+    /// Wakes the engine.
+    pub wake: Arc<Notify>,
+}
+
+impl WorkflowService {
+    pub fn new(store: Store, wake: Arc<Notify>) -> Self {
+        WorkflowService { store, wake }
+    }
+
+    /// Apply checked documents in one transaction.
+    pub async fn apply(
+        &self,
+        templates: &[crate::workflow::model::Template],
+        workflows: &[crate::workflow::model::Workflow],
+    ) -> Result<(Vec<Outcome>, Vec<Outcome>), StoreError> {
+        let out = self.store.apply_tink(templates, workflows).await?;
+        self.wake.notify_one();
+        Ok(out)
+    }
+
+    pub async fn delete(
+        &self,
+        kind: crate::store::workflow::TinkKind,
+        key: &Key,
+    ) -> Result<bool, StoreError> {
+        let gone = self.store.delete_tink(kind, key).await?;
+        self.wake.notify_one();
+        Ok(gone)
+    }
+}
+
 /// Every write path, for whoever changes something.
 pub struct Services {
     pub hardware: HardwareService,
     pub bmc: BmcService,
+    pub workflow: WorkflowService,
 }
 
 #[cfg(test)]

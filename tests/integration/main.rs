@@ -11,3 +11,4 @@ mod dhcp;
 mod hardware;
 mod metadata;
 mod netns;
+mod workflow;

@@ -7,11 +7,14 @@
 //! DELETE /api/v1/hardware/{name}[?namespace=NS]
 //! GET    /api/v1/events[?namespace=NS&name=N&after=ID&limit=N]
 //! ```
+//! BMC documents: [`bmc`]; Templates, Workflows and `POST /api/v1/apply`
+//! (any kind): [`tink`].
 //! Errors are `{"error": "...", "field": "spec.interfaces[0].dhcp.mac"}` with
 //! 400 (bad input), 401 (token), 404, 409 (MAC/IP owned by another
 //! Hardware, with `"conflict": "ns/name"`), 413 (body too large).
 
 pub mod bmc;
+pub mod tink;
 
 use crate::app::App;
 use crate::events::EventQuery;
@@ -118,6 +121,7 @@ pub fn router(app: Arc<App>, token: Arc<str>) -> Router {
         )
         .route("/api/v1/events", get(events))
         .merge(bmc::routes())
+        .merge(tink::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn_with_state(token, auth))

@@ -4,10 +4,12 @@
 //! config file (`api.listen`, `state_dir/api-token`).
 
 pub mod bmc;
+pub mod objects;
 
 use crate::config::{Config, Sources};
 use crate::events::EventRow;
 use crate::hardware::{self, Mac};
+use crate::kinds::{self, Kind};
 use anyhow::{Context, anyhow, bail};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -27,6 +29,8 @@ pub struct Target {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
     Table,
+    /// A table with more columns, where the kind has them (workflows).
+    Wide,
     Json,
     Yaml,
 }
@@ -214,6 +218,40 @@ pub(crate) fn read_input(file: &str) -> anyhow::Result<String> {
     }
 }
 
+/// The text of each input: a file, `-` (standard input), or a directory
+/// (its `.yaml`, `.yml` and `.json` files, sorted by name, not recursive,
+/// as `kubectl apply -f DIR` reads it).
+fn inputs(args: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for a in args {
+        let path = std::path::Path::new(a);
+        if a != "-" && path.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+                .with_context(|| format!("reading directory {a}"))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.is_file()
+                        && p.extension()
+                            .and_then(|e| e.to_str())
+                            .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"))
+                })
+                .collect();
+            files.sort();
+            if files.is_empty() {
+                bail!("{a}: no .yaml, .yml or .json files in this directory");
+            }
+            for f in files {
+                let name = f.display().to_string();
+                let text = read_input(&name)?;
+                out.push((name, text));
+            }
+        } else {
+            out.push((a.clone(), read_input(a)?));
+        }
+    }
+    Ok(out)
+}
+
 /// Documents sent per request in a non-atomic apply: few requests (and
 /// store transactions) for an inventory of thousands of machines.
 const BATCH: usize = 500;
@@ -225,12 +263,21 @@ const BATCH: usize = 500;
 /// a batch the daemon refuses (a MAC or IP owned by another Hardware) is
 /// sent again document by document, so that only the culprit fails.
 /// `atomic` sends every document as one all-or-nothing request, and sends
-/// nothing if any document is bad.
-pub async fn apply(t: &Target, files: &[String], atomic: bool) -> anyhow::Result<()> {
+/// nothing if any document is bad. `only` narrows the kinds accepted
+/// (`hardware apply`); `None` takes every kind (`tinkerbox apply`).
+pub async fn apply(
+    t: &Target,
+    files: &[String],
+    atomic: bool,
+    only: Option<Kind>,
+) -> anyhow::Result<()> {
+    let endpoint = match only {
+        Some(Kind::Hardware) => "/api/v1/hardware",
+        _ => "/api/v1/apply",
+    };
     let mut docs = Vec::new();
     let mut failed = 0;
-    for f in files {
-        let text = read_input(f)?;
+    for (f, text) in inputs(files)? {
         let parsed = hardware::parse_located(&text).map_err(|e| anyhow!("{f}: {e}"))?;
         for (i, d) in parsed.into_iter().enumerate() {
             let label = d
@@ -239,8 +286,12 @@ pub async fn apply(t: &Target, files: &[String], atomic: bool) -> anyhow::Result
                 .and_then(Value::as_str)
                 .map(|n| format!("{f}: document {} ({n}, line {})", i + 1, d.line))
                 .unwrap_or_else(|| format!("{f}: document {} (line {})", i + 1, d.line));
-            match hardware::validate(d.doc.clone()) {
-                Ok(_) => docs.push((label, d.doc)),
+            let checked = match only {
+                Some(Kind::Hardware) => hardware::validate(d.doc.clone()).map(|_| ()),
+                _ => kinds::check(d.doc.clone()).map(|_| ()),
+            };
+            match checked {
+                Ok(()) => docs.push((label, d.doc)),
                 Err(e) => {
                     failed += 1;
                     eprintln!("error: {label}: {e}");
@@ -258,7 +309,7 @@ pub async fn apply(t: &Target, files: &[String], atomic: bool) -> anyhow::Result
     if atomic {
         let batch = Value::Array(docs.into_iter().map(|(_, d)| d).collect());
         let v = client
-            .call_ok(Method::POST, "/api/v1/hardware", &[], Some(batch))
+            .call_ok(Method::POST, endpoint, &[], Some(batch))
             .await?;
         print_applied(&v);
         return Ok(());
@@ -266,7 +317,7 @@ pub async fn apply(t: &Target, files: &[String], atomic: bool) -> anyhow::Result
     for chunk in docs.chunks(BATCH) {
         let batch = Value::Array(chunk.iter().map(|(_, d)| d.clone()).collect());
         match client
-            .call(Method::POST, "/api/v1/hardware", &[], Some(batch))
+            .call(Method::POST, endpoint, &[], Some(batch))
             .await?
         {
             (s, v) if s.is_success() => print_applied(&v),
@@ -277,7 +328,7 @@ pub async fn apply(t: &Target, files: &[String], atomic: bool) -> anyhow::Result
             _ => {
                 for (label, d) in chunk {
                     match client
-                        .call(Method::POST, "/api/v1/hardware", &[], Some(d.clone()))
+                        .call(Method::POST, endpoint, &[], Some(d.clone()))
                         .await?
                     {
                         (s, v) if s.is_success() => print_applied(&v),
@@ -306,12 +357,16 @@ fn print_applied(v: &Value) {
         let ns = item.get("namespace").and_then(Value::as_str).unwrap_or("?");
         let name = item.get("name").and_then(Value::as_str).unwrap_or("?");
         let result = item.get("result").and_then(Value::as_str).unwrap_or("?");
+        let kind = item
+            .get("kind")
+            .and_then(Value::as_str)
+            .map_or(Some(Kind::Hardware), Kind::from_document_kind);
         let shown = if ns == hardware::DEFAULT_NAMESPACE {
             name.to_string()
         } else {
             format!("{ns}/{name}")
         };
-        println!("hardware.tinkerbell.org/{shown} {result}");
+        println!("{}/{shown} {result}", kind.map_or("?", Kind::resource));
     }
 }
 
@@ -343,7 +398,7 @@ pub(crate) fn show(
     match out {
         Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
         Output::Yaml => print!("{}", to_yaml(v)?),
-        Output::Table => {
+        Output::Table | Output::Wide => {
             let items = if single {
                 vec![v.clone()]
             } else {
@@ -493,7 +548,7 @@ pub async fn events(t: &Target, a: EventsArgs<'_>) -> anyhow::Result<()> {
         ));
     }
     let mut after: Option<i64> = None;
-    let mut header = a.output == Output::Table;
+    let mut header = matches!(a.output, Output::Table | Output::Wide);
     loop {
         let mut q = query.clone();
         if let Some(id) = after {
@@ -516,7 +571,7 @@ pub async fn events(t: &Target, a: EventsArgs<'_>) -> anyhow::Result<()> {
                 }
             }
             Output::Yaml => print!("{}", to_yaml(&serde_json::to_value(&rows)?)?),
-            Output::Table => {
+            Output::Table | Output::Wide => {
                 print!("{}", events_table(&rows, header, a.name.is_none()));
                 header = false;
             }

@@ -1,0 +1,121 @@
+//! Every kind of document tinkerbox stores, by name: what `tinkerbox
+//! apply|get|delete KIND` and `POST /api/v1/apply` dispatch on. One place
+//! decides which checker takes a document, so the CLI (checking before it
+//! sends) and the daemon agree.
+
+use crate::bmc::model as bmc;
+use crate::hardware::{self, FieldError};
+use crate::workflow::model::{self, Template, Workflow};
+use serde_json::Value;
+
+/// A kind, as `get`/`delete` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    #[value(alias = "hw", alias = "hardwares")]
+    Hardware,
+    #[value(alias = "templates", alias = "tpl")]
+    Template,
+    #[value(alias = "workflows", alias = "wf")]
+    Workflow,
+    /// Rufio's BMC Machine.
+    #[value(alias = "machines", alias = "bmc")]
+    Machine,
+    #[value(alias = "jobs")]
+    Job,
+    #[value(alias = "tasks")]
+    Task,
+    #[value(alias = "secrets")]
+    Secret,
+}
+
+impl Kind {
+    /// kubectl's `kind.group` prefix in `apply` output.
+    pub fn resource(self) -> &'static str {
+        match self {
+            Kind::Hardware => "hardware.tinkerbell.org",
+            Kind::Template => "template.tinkerbell.org",
+            Kind::Workflow => "workflow.tinkerbell.org",
+            Kind::Machine => "machine.bmc.tinkerbell.org",
+            Kind::Job => "job.bmc.tinkerbell.org",
+            Kind::Task => "task.bmc.tinkerbell.org",
+            Kind::Secret => "secret",
+        }
+    }
+
+    /// The `kind:` of its documents.
+    pub fn from_document_kind(kind: &str) -> Option<Kind> {
+        Some(match kind {
+            "Hardware" => Kind::Hardware,
+            "Template" => Kind::Template,
+            "Workflow" => Kind::Workflow,
+            "Machine" => Kind::Machine,
+            "Job" => Kind::Job,
+            "Task" => Kind::Task,
+            "Secret" => Kind::Secret,
+            _ => return None,
+        })
+    }
+}
+
+/// One checked document, by what takes it.
+pub enum Checked {
+    Hardware(hardware::Hardware),
+    Bmc(bmc::Doc),
+    Template(Template),
+    Workflow(Workflow),
+}
+
+/// Check a document of any kind by the rules of its kind.
+pub fn check(doc: Value) -> Result<Checked, FieldError> {
+    let api = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
+    match (api, kind) {
+        (hardware::API_VERSION, "Hardware") => hardware::validate(doc).map(Checked::Hardware),
+        (model::API_VERSION, "Template") => model::template(doc).map(Checked::Template),
+        (model::API_VERSION, "Workflow") => model::workflow(doc).map(Checked::Workflow),
+        (bmc::API_VERSION, _) | ("v1", "Secret") => bmc::parse(doc).map(Checked::Bmc),
+        _ => Err(FieldError::new(
+            "kind",
+            format!(
+                "{api}/{kind} is not a kind tinkerbox stores (tinkerbell.org/v1alpha1 Hardware, Template, \
+                 Workflow; bmc.tinkerbell.org/v1alpha1 Machine, Job, Task; v1 Secret)"
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn each_kind_goes_to_its_checker() {
+        let doc = |api: &str, kind: &str, spec: Value| json!({"apiVersion": api, "kind": kind, "metadata": {"name": "x"}, "spec": spec});
+        let hw = doc(hardware::API_VERSION, "Hardware", json!({}));
+        assert!(matches!(check(hw), Ok(Checked::Hardware(_))));
+        let t = doc(model::API_VERSION, "Template", json!({"data": "name: x"}));
+        assert!(matches!(check(t), Ok(Checked::Template(_))));
+        let w = doc(model::API_VERSION, "Workflow", json!({"templateRef": "x"}));
+        assert!(matches!(check(w), Ok(Checked::Workflow(_))));
+        let m = doc(
+            bmc::API_VERSION,
+            "Machine",
+            json!({"connection": {"host": "10.0.0.9"}}),
+        );
+        assert!(matches!(check(m), Ok(Checked::Bmc(_))));
+        let e = check(doc("apps/v1", "Deployment", json!({})))
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("apps/v1/Deployment is not a kind tinkerbox stores"),
+            "{e}"
+        );
+        // The kind's own rules apply.
+        let e = check(doc(model::API_VERSION, "Workflow", json!({})))
+            .err()
+            .unwrap();
+        assert_eq!(e.field, "spec.templateRef");
+    }
+}
