@@ -52,11 +52,15 @@ impl App {
         crate::ipxe::ScriptSettings {
             http_base: self.http_base(),
             syslog_host: self.public_ip.to_string(),
-            tink_server: h
-                .tink_server
-                .clone()
-                .unwrap_or_else(|| format!("{}:42113", self.public_ip)),
-            tink_tls: h.tink_server_tls,
+            // An external Tink server when one is configured, else ours.
+            tink_server: h.tink_server.clone().unwrap_or_else(|| {
+                format!("{}:{}", self.public_ip, self.config.tink.listen.port())
+            }),
+            tink_tls: if h.tink_server.is_some() {
+                h.tink_server_tls
+            } else {
+                self.config.tink.tls()
+            },
             extra_kernel_args: h.extra_kernel_args.clone(),
         }
     }

@@ -30,6 +30,7 @@ pub struct Config {
     pub syslog: SyslogConfig,
     pub bmc: BmcConfig,
     pub api: ApiConfig,
+    pub tink: TinkConfig,
     pub events: EventsConfig,
     pub log: LogConfig,
 }
@@ -150,6 +151,37 @@ pub struct ApiConfig {
     pub tls_key: Option<PathBuf>,
 }
 
+/// Tink's gRPC server for the workers in the OSIE.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TinkConfig {
+    pub enabled: bool,
+    pub listen: SocketAddr,
+    /// PEM certificate chain and key: when both are set gRPC is served over
+    /// TLS, and the iPXE script says `tinkerbell_tls=true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl Default for TinkConfig {
+    fn default() -> Self {
+        TinkConfig {
+            enabled: true,
+            listen: SocketAddr::from(([0, 0, 0, 0], 42113)),
+            tls_cert: None,
+            tls_key: None,
+        }
+    }
+}
+
+impl TinkConfig {
+    pub fn tls(&self) -> bool {
+        self.tls_cert.is_some() && self.tls_key.is_some()
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct EventsConfig {
@@ -190,6 +222,7 @@ impl Default for Config {
             syslog: SyslogConfig::default(),
             bmc: BmcConfig::default(),
             api: ApiConfig::default(),
+            tink: TinkConfig::default(),
             events: EventsConfig::default(),
             log: LogConfig::default(),
         }
@@ -351,6 +384,11 @@ impl Config {
         match (&self.api.tls_cert, &self.api.tls_key) {
             (Some(_), None) => return bad("api.tls_key", "required when api.tls_cert is set"),
             (None, Some(_)) => return bad("api.tls_cert", "required when api.tls_key is set"),
+            _ => {}
+        }
+        match (&self.tink.tls_cert, &self.tink.tls_key) {
+            (Some(_), None) => return bad("tink.tls_key", "required when tink.tls_cert is set"),
+            (None, Some(_)) => return bad("tink.tls_cert", "required when tink.tls_key is set"),
             _ => {}
         }
         if self.events.per_machine == 0 {
@@ -748,6 +786,12 @@ mod tests {
                 tls_cert: Some("/etc/tb/api.crt".into()),
                 tls_key: Some("/etc/tb/api.key".into()),
             },
+            tink: TinkConfig {
+                enabled: false,
+                listen: "127.0.0.1:1113".parse().unwrap(),
+                tls_cert: Some("/etc/tb/tink.crt".into()),
+                tls_key: Some("/etc/tb/tink.key".into()),
+            },
             events: EventsConfig {
                 per_machine: 50,
                 max_age: Duration::from_secs(7200),
@@ -762,7 +806,10 @@ mod tests {
 
     /// Keys that are only valid together (`check`): each is set with the
     /// others of its group.
-    const TOGETHER: &[&[&str]] = &[&["api.tls_cert", "api.tls_key"]];
+    const TOGETHER: &[&[&str]] = &[
+        &["api.tls_cert", "api.tls_key"],
+        &["tink.tls_cert", "tink.tls_key"],
+    ];
 
     /// The fields of the table at `path` ("" for the top level) as the
     /// type declares them, from the error an unknown key there gives; `None`

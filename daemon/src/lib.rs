@@ -11,6 +11,7 @@ pub mod clock;
 pub mod config;
 pub mod dhcp;
 pub mod events;
+pub mod grpc;
 pub mod hardware;
 pub mod http;
 pub mod inventory;

@@ -30,8 +30,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let n = app.inventory.snapshot().len();
     let bmc_task = tokio::spawn(bmc.clone().run());
     let engine_task = tokio::spawn(
-        crate::workflow::engine::Engine::new(app.store.clone(), app.services.workflow.wake.clone())
-            .run(),
+        crate::workflow::engine::Engine::new(app.store.clone(), app.services.clone()).run(),
     );
     let poll_task = (!config.bmc.poll_interval.is_zero())
         .then(|| tokio::spawn(bmc.poll(config.bmc.poll_interval)));
@@ -155,6 +154,11 @@ async fn open(
 
 /// What is serving, for [`stop`].
 struct Running {
+    /// Tink's gRPC server, when enabled.
+    tink_task: Option<(
+        axum_server::Handle<std::net::SocketAddr>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    )>,
     udp_tasks: Vec<tokio::task::JoinHandle<()>>,
     dhcp_stop: Arc<std::sync::atomic::AtomicBool>,
     dhcp_threads: Vec<std::thread::JoinHandle<()>>,
@@ -241,7 +245,14 @@ async fn listen(app: &Arc<App>, token: Arc<str>) -> anyhow::Result<Running> {
         }
     };
 
+    let tink_task = if config.tink.enabled {
+        Some(serve_tink(app.clone(), &config.tink).await?)
+    } else {
+        None
+    };
+
     Ok(Running {
+        tink_task,
         udp_tasks,
         dhcp_stop,
         dhcp_threads,
@@ -250,6 +261,41 @@ async fn listen(app: &Arc<App>, token: Arc<str>) -> anyhow::Result<Running> {
         api_handle,
         api_task,
     })
+}
+
+/// Tink's gRPC API (HTTP/2, optionally TLS) on `[tink] listen`.
+async fn serve_tink(
+    app: Arc<App>,
+    tink: &crate::config::TinkConfig,
+) -> anyhow::Result<(
+    axum_server::Handle<std::net::SocketAddr>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+)> {
+    let sock = std::net::TcpListener::bind(tink.listen)
+        .with_context(|| format!("tink.listen {}: cannot bind", tink.listen))?;
+    sock.set_nonblocking(true)?;
+    let router = tonic::service::Routes::new(crate::grpc::service(app)).into_axum_router();
+    let handle = axum_server::Handle::<std::net::SocketAddr>::new();
+    let task = match (&tink.tls_cert, &tink.tls_key) {
+        (Some(cert), Some(key)) => {
+            let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+                .await
+                .with_context(|| {
+                    format!(
+                        "tink.tls_cert/tink.tls_key ({}, {})",
+                        cert.display(),
+                        key.display()
+                    )
+                })?;
+            let server = axum_server::from_tcp_rustls(sock, tls)?.handle(handle.clone());
+            tokio::spawn(async move { server.serve(router.into_make_service()).await })
+        }
+        _ => {
+            let server = axum_server::from_tcp(sock)?.handle(handle.clone());
+            tokio::spawn(async move { server.serve(router.into_make_service()).await })
+        }
+    };
+    Ok((handle, task))
 }
 
 /// The DHCP socket threads (none when `dhcp.mode = off`).
@@ -311,8 +357,14 @@ async fn stop(r: Running, app: Arc<App>, writer: tokio::sync::oneshot::Receiver<
     });
     let _ = r.stop_tx.send(true);
     r.api_handle.graceful_shutdown(Some(Duration::from_secs(5)));
+    if let Some((h, _)) = &r.tink_task {
+        h.graceful_shutdown(Some(Duration::from_secs(5)));
+    }
     let _ = tokio::time::timeout_at(deadline, r.http_task).await;
     let _ = tokio::time::timeout_at(deadline, r.api_task).await;
+    if let Some((_, t)) = r.tink_task {
+        let _ = tokio::time::timeout_at(deadline, t).await;
+    }
     let _ = tokio::time::timeout_at(deadline, dhcp_joined).await;
     // The last sender goes with the app: the writer then drains and exits.
     drop(app);

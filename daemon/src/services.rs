@@ -15,6 +15,8 @@ use crate::inventory::{Inventory, Patch};
 use crate::metrics::Metrics;
 use crate::store::bmc::{JobKind, NewJob};
 use crate::store::{Outcome, Store, StoreError};
+use crate::workflow::agent::{self, Refusal, Served};
+use crate::workflow::model::Status;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use tokio::sync::{Mutex, Notify};
@@ -270,6 +272,21 @@ impl BmcService {
     }
 }
 
+/// Read-modify-writes of a Workflow's status lost to another writer are
+/// retried this many times before the caller is told to come back.
+const WRITE_ATTEMPTS: usize = 8;
+
+/// Why a worker's request was not served.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error("the workflow kept changing while this request was applied; try again")]
+    Busy,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// Templates and Workflows: apply and delete. The engine
 /// ([`crate::workflow`]) is woken for every change; it alone writes a
 /// Workflow's status.
@@ -293,6 +310,53 @@ impl WorkflowService {
         let out = self.store.apply_tink(templates, workflows).await?;
         self.wake.notify_one();
         Ok(out)
+    }
+
+    /// GetAction for `agent`: the action to run, with `currentState`
+    /// written first (retried when another writer came between).
+    pub async fn get_action(&self, agent: &str) -> Result<Served, WorkerError> {
+        for _ in 0..WRITE_ATTEMPTS {
+            let rows = self.store.workflows_of_agent(agent).await?;
+            let served = agent::next_action(agent, &rows)?;
+            match self
+                .store
+                .save_workflow_status(&served.workflow, served.version, &served.status)
+                .await
+            {
+                Ok(_) => return Ok(served),
+                Err(StoreError::Stale { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(WorkerError::Busy)
+    }
+
+    /// A worker's report, applied to the Workflow it names by `apply`
+    /// (read, change, write with the version read; retried on a race).
+    pub async fn report(
+        &self,
+        key: &Key,
+        apply: impl Fn(&Status) -> Result<Status, Refusal>,
+    ) -> Result<Status, WorkerError> {
+        for _ in 0..WRITE_ATTEMPTS {
+            let Some(row) = self.store.workflow(key).await? else {
+                return Err(Refusal::NotFound(format!("workflow {key} not found")).into());
+            };
+            let next = apply(&row.status)?;
+            match self
+                .store
+                .save_workflow_status(key, row.version, &next)
+                .await
+            {
+                Ok(_) => {
+                    self.wake.notify_one();
+                    return Ok(next);
+                }
+                Err(StoreError::Stale { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(WorkerError::Busy)
     }
 
     pub async fn delete(

@@ -29,6 +29,7 @@ pub struct Daemon {
     pub config: PathBuf,
     pub http: SocketAddr,
     pub api: SocketAddr,
+    pub tink: SocketAddr,
     /// Run the daemon, the CLI and curl inside this network namespace.
     pub netns: Option<String>,
     _tmp: Option<tempfile::TempDir>,
@@ -53,6 +54,8 @@ pub struct Setup<'a> {
     /// Fixed listen addresses (inside a namespace, ports need not be probed).
     pub http_listen: Option<&'a str>,
     pub api_listen: Option<&'a str>,
+    /// Lines inside `[tink]`.
+    pub tink: &'a str,
 }
 
 impl Daemon {
@@ -85,6 +88,8 @@ impl Daemon {
             .api_listen
             .map(|a| a.parse().unwrap())
             .unwrap_or_else(|| format!("127.0.0.1:{}", free_port()).parse().unwrap());
+        // Tink's gRPC port: a free one, so that daemons run side by side.
+        let tink: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let config = dir.join("tinkerbox.toml");
         let top = if s.top.contains("public_ip") {
             s.top.to_string()
@@ -95,10 +100,11 @@ impl Daemon {
         let mut f = std::fs::File::create(&config).unwrap();
         write!(
             f,
-            "state_dir = {:?}\n{top}\n[http]\nlisten = \"{http}\"\n{}\n[api]\nlisten = \"{api}\"\n{}\n{boot}\n",
+            "state_dir = {:?}\n{top}\n[http]\nlisten = \"{http}\"\n{}\n[api]\nlisten = \"{api}\"\n{}\n[tink]\nlisten = \"{tink}\"\n{}\n{boot}\n",
             dir.join("state"),
             s.http,
             s.api,
+            s.tink,
         )
         .unwrap();
         Daemon {
@@ -107,6 +113,7 @@ impl Daemon {
             config,
             http,
             api,
+            tink,
             netns: s.netns.map(str::to_string),
             _tmp: None,
         }

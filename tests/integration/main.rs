@@ -11,4 +11,5 @@ mod dhcp;
 mod hardware;
 mod metadata;
 mod netns;
+mod tink;
 mod workflow;

@@ -135,10 +135,14 @@ impl Store {
         rows.into_iter().map(row).collect()
     }
 
-    /// The workflows an agent works on (status.agentID), oldest first.
+    /// The workflows with a task for `agent`, oldest first. (Upstream
+    /// finds them by status.agentID, the first task's agent, so the agent
+    /// of a second task is never served.)
     pub async fn workflows_of_agent(&self, agent: &str) -> Result<Vec<WorkflowRow>, StoreError> {
         let rows: Vec<(String, String, String, String, i64)> = sqlx::query_as(
-            "SELECT namespace, name, doc, status, version FROM workflows WHERE agent_id = ? ORDER BY id",
+            "SELECT w.namespace, w.name, w.doc, w.status, w.version
+             FROM workflow_agents a JOIN workflows w ON w.id = a.workflow_id
+             WHERE a.agent_id = ? ORDER BY w.id",
         )
         .bind(agent)
         .fetch_all(self.pool())
@@ -156,33 +160,48 @@ impl Store {
     ) -> Result<i64, StoreError> {
         let text = serde_json::to_string(status)
             .map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))?;
-        let done = sqlx::query(
-            "UPDATE workflows SET status = ?, state = ?, agent_id = ?, version = version + 1, updated_ms = ?
-             WHERE namespace = ? AND name = ? AND version = ?",
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let id: Option<i64> = sqlx::query_scalar(
+            "UPDATE workflows SET status = ?, state = ?, version = version + 1, updated_ms = ?
+             WHERE namespace = ? AND name = ? AND version = ? RETURNING id",
         )
         .bind(text)
         .bind(status.state.as_str())
-        .bind(status.agent_id.as_deref())
         .bind(now_ms())
         .bind(&key.namespace)
         .bind(&key.name)
         .bind(version)
-        .execute(self.pool())
+        .fetch_optional(&mut *tx)
         .await?;
-        if done.rows_affected() == 1 {
-            return Ok(version + 1);
-        }
-        let found: Option<i64> =
-            sqlx::query_scalar("SELECT version FROM workflows WHERE namespace = ? AND name = ?")
-                .bind(&key.namespace)
-                .bind(&key.name)
-                .fetch_optional(self.pool())
+        let Some(id) = id else {
+            let found: Option<i64> = sqlx::query_scalar(
+                "SELECT version FROM workflows WHERE namespace = ? AND name = ?",
+            )
+            .bind(&key.namespace)
+            .bind(&key.name)
+            .fetch_optional(&mut *tx)
+            .await?;
+            return Err(StoreError::Stale {
+                key: key.clone(),
+                expected: version,
+                found: found.unwrap_or(0),
+            });
+        };
+        let agents: std::collections::BTreeSet<&str> =
+            status.tasks.iter().map(|t| t.agent_id.as_str()).collect();
+        sqlx::query("DELETE FROM workflow_agents WHERE workflow_id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        for a in agents {
+            sqlx::query("INSERT INTO workflow_agents (agent_id, workflow_id) VALUES (?, ?)")
+                .bind(a)
+                .bind(id)
+                .execute(&mut *tx)
                 .await?;
-        Err(StoreError::Stale {
-            key: key.clone(),
-            expected: version,
-            found: found.unwrap_or(0),
-        })
+        }
+        tx.commit().await?;
+        Ok(version + 1)
     }
 
     pub async fn delete_tink(&self, kind: TinkKind, key: &Key) -> Result<bool, StoreError> {
@@ -274,6 +293,10 @@ mod tests {
         let mut s = row.status.clone();
         s.state = State::Pending;
         s.agent_id = Some("02:00:00:00:00:01".into());
+        s.tasks = vec![model::Task {
+            agent_id: "02:00:00:00:00:01".into(),
+            ..model::Task::default()
+        }];
         let v = store
             .save_workflow_status(&w.key, row.version, &s)
             .await

@@ -3,15 +3,20 @@
 //! without a store; [`Engine::run`] is the loop that reads the store,
 //! applies them, and writes each status back with the version it read.
 //!
-//! Done so far: rendering (`""` -> PENDING, or PREPARING when boot options
-//! ask for it; a failure is `templateRendering: failed` with the reason in
-//! the `TemplateRenderedSuccess` condition, retried on every pass, as
-//! tink-controller requeues). The PREPARING and POST steps (allowPXE, BMC
-//! jobs), the global timeout and the agents' side (the gRPC server) are
-//! the next steps of issue 17.
+//! - `""`: render (PENDING, or PREPARING when boot options ask for it); a
+//!   failure is `templateRendering: failed` with the reason in the
+//!   `TemplateRenderedSuccess` condition, retried on every pass, as
+//!   tink-controller requeues.
+//! - PREPARING: `toggleAllowNetboot` sets allowPXE on every interface of
+//!   the Hardware, then PENDING. `bootMode` (BMC jobs) is not done yet: such
+//!   a Workflow stays PREPARING with a condition saying so.
+//! - RUNNING: the global timeout (`globalExecutionStop`, set when the
+//!   engine first sees it running) ends it in TIMEOUT.
+//! - POST: allowPXE back off if it was toggled, then SUCCESS.
 
-use super::model::{Condition, State, Status, TemplateRendering, WorkflowSpec};
+use super::model::{BootOptionsStatus, Condition, State, Status, TemplateRendering, WorkflowSpec};
 use super::render;
+use crate::services::Services;
 use crate::store::workflow::WorkflowRow;
 use crate::store::{Store, StoreError};
 use serde_json::Value;
@@ -75,6 +80,119 @@ pub fn render_step(
     Some(s)
 }
 
+/// What a step asks of the world besides the status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Set `netboot.allowPXE` on every interface of the Workflow's Hardware.
+    AllowPxe(bool),
+}
+
+/// PREPARING, POST and RUNNING: the next status and what to do first.
+/// The effect is done before the status is written; if it fails, the
+/// status is not written and the step is tried again.
+pub fn step(
+    spec: &WorkflowSpec,
+    status: &Status,
+    now: SystemTime,
+) -> Option<(Status, Vec<Effect>)> {
+    let stamp = rfc3339(now);
+    let mut s = status.clone();
+    let toggled = s
+        .boot_options
+        .get_or_insert_with(BootOptionsStatus::default)
+        .allow_netboot
+        .clone();
+    match status.state {
+        State::Preparing => {
+            let mut effects = vec![];
+            if spec.boot_options.toggle_allow_netboot && !toggled.toggled_true {
+                effects.push(Effect::AllowPxe(true));
+                if let Some(b) = s.boot_options.as_mut() {
+                    b.allow_netboot.toggled_true = true;
+                }
+                set_condition(
+                    &mut s,
+                    named(
+                        "AllowNetbootTrue",
+                        true,
+                        "Complete",
+                        "allowPXE set on every interface".into(),
+                        &stamp,
+                    ),
+                );
+            }
+            if let Some(mode) = spec.boot_options.boot_mode {
+                let changed = set_condition(
+                    &mut s,
+                    named(
+                        "BootJobSetupFailed",
+                        true,
+                        "NotSupported",
+                        format!(
+                            "bootMode {mode:?} is not supported by this tinkerbox yet; power the machine on to network-boot it, or remove bootMode"
+                        ),
+                        &stamp,
+                    ),
+                );
+                return (changed || !effects.is_empty()).then_some((s, effects));
+            }
+            s.state = State::Pending;
+            Some((s, effects))
+        }
+        State::Running => {
+            let timeout = status.global_timeout.unwrap_or(0);
+            if timeout <= 0 {
+                return None;
+            }
+            match status
+                .global_execution_stop
+                .as_deref()
+                .map(humantime::parse_rfc3339)
+            {
+                None => {
+                    let stop = now.checked_add(Duration::from_secs(timeout.unsigned_abs()))?;
+                    s.global_execution_stop = Some(rfc3339(stop));
+                    Some((s, vec![]))
+                }
+                Some(Ok(stop)) if now > stop => {
+                    s.state = State::Timeout;
+                    Some((s, vec![]))
+                }
+                _ => None,
+            }
+        }
+        State::Post => {
+            let mut effects = vec![];
+            if spec.boot_options.toggle_allow_netboot && !toggled.toggled_false {
+                effects.push(Effect::AllowPxe(false));
+                if let Some(b) = s.boot_options.as_mut() {
+                    b.allow_netboot.toggled_false = true;
+                }
+                set_condition(
+                    &mut s,
+                    named(
+                        "AllowNetbootFalse",
+                        true,
+                        "Complete",
+                        "allowPXE cleared on every interface".into(),
+                        &stamp,
+                    ),
+                );
+            }
+            s.state = State::Success;
+            Some((s, effects))
+        }
+        _ => None,
+    }
+}
+
+fn named(kind: &str, ok: bool, reason: &str, message: String, now: &str) -> Condition {
+    Condition {
+        kind: kind.into(),
+        ..condition(ok, reason, message, now)
+    }
+}
+
 fn condition(ok: bool, reason: &str, message: String, now: &str) -> Condition {
     Condition {
         kind: TEMPLATE_RENDERED.into(),
@@ -110,12 +228,18 @@ pub fn rfc3339(t: SystemTime) -> String {
 /// was missing may have come).
 pub struct Engine {
     store: Store,
+    services: Arc<Services>,
     wake: Arc<Notify>,
 }
 
 impl Engine {
-    pub fn new(store: Store, wake: Arc<Notify>) -> Engine {
-        Engine { store, wake }
+    pub fn new(store: Store, services: Arc<Services>) -> Engine {
+        let wake = services.workflow.wake.clone();
+        Engine {
+            store,
+            services,
+            wake,
+        }
     }
 
     pub async fn run(self) {
@@ -136,14 +260,56 @@ impl Engine {
                 tracing::warn!(workflow = %row.key, error = %e, "workflow engine: rendering");
             }
         }
+        let active = [State::Preparing, State::Running, State::Post];
+        for row in self.store.workflows(None, &active).await? {
+            let spec = spec_of(&row);
+            let Some((next, effects)) = step(&spec, &row.status, SystemTime::now()) else {
+                continue;
+            };
+            if let Err(e) = self.apply(&row, &spec, &effects).await {
+                tracing::warn!(workflow = %row.key, error = %e, "workflow engine: step");
+                continue;
+            }
+            match self
+                .store
+                .save_workflow_status(&row.key, row.version, &next)
+                .await
+            {
+                Ok(_) | Err(StoreError::Stale { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    async fn apply(
+        &self,
+        row: &WorkflowRow,
+        spec: &WorkflowSpec,
+        effects: &[Effect],
+    ) -> Result<(), crate::services::Error> {
+        for e in effects {
+            match e {
+                Effect::AllowPxe(on) => {
+                    let key = crate::hardware::Key::new(
+                        row.key.namespace.clone(),
+                        spec.hardware_ref.clone(),
+                    );
+                    self.services
+                        .hardware
+                        .update(&key, |doc| {
+                            set_allow_pxe(doc, *on);
+                            Ok(())
+                        })
+                        .await?;
+                }
+            }
+        }
         Ok(())
     }
 
     async fn render(&self, row: &WorkflowRow) -> Result<(), StoreError> {
-        let spec: WorkflowSpec = match row.doc.get("spec").cloned().map(serde_json::from_value) {
-            Some(Ok(s)) => s,
-            _ => WorkflowSpec::default(),
-        };
+        let spec = spec_of(row);
         if spec.disabled && row.status.template_rendering.is_some() {
             return Ok(());
         }
@@ -184,6 +350,27 @@ impl Engine {
             // Someone else wrote it since it was read: the next pass sees it.
             Ok(_) | Err(StoreError::Stale { .. }) => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+}
+
+fn spec_of(row: &WorkflowRow) -> WorkflowSpec {
+    match row.doc.get("spec").cloned().map(serde_json::from_value) {
+        Some(Ok(s)) => s,
+        _ => WorkflowSpec::default(),
+    }
+}
+
+/// `netboot.allowPXE` on every interface, as tink-controller sets it.
+pub fn set_allow_pxe(doc: &mut Value, on: bool) {
+    if let Some(Value::Array(ifaces)) = doc.pointer_mut("/spec/interfaces") {
+        for i in ifaces.iter_mut() {
+            match i.get_mut("netboot") {
+                Some(Value::Object(n)) => {
+                    n.insert("allowPXE".into(), Value::Bool(on));
+                }
+                _ => i["netboot"] = serde_json::json!({ "allowPXE": on }),
+            }
         }
     }
 }
@@ -232,6 +419,97 @@ mod tests {
                 .state,
             State::New
         );
+    }
+
+    #[test]
+    fn netboot_is_toggled_around_the_workflow() {
+        let mut sp = spec();
+        sp.boot_options.toggle_allow_netboot = true;
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let s = Status {
+            state: State::Preparing,
+            ..Status::default()
+        };
+        let (s, fx) = step(&sp, &s, now).unwrap();
+        assert_eq!(
+            (s.state, fx),
+            (State::Pending, vec![Effect::AllowPxe(true)])
+        );
+        assert!(s.boot_options.as_ref().unwrap().allow_netboot.toggled_true);
+        let post = Status {
+            state: State::Post,
+            ..s
+        };
+        let (s, fx) = step(&sp, &post, now).unwrap();
+        assert_eq!(
+            (s.state, fx),
+            (State::Success, vec![Effect::AllowPxe(false)])
+        );
+        let kinds: Vec<_> = s.conditions.iter().map(|c| c.kind.as_str()).collect();
+        assert_eq!(kinds, ["AllowNetbootTrue", "AllowNetbootFalse"]);
+        // Without the toggle: straight through, nothing done to the Hardware.
+        let (s, fx) = step(
+            &spec(),
+            &Status {
+                state: State::Post,
+                ..Status::default()
+            },
+            now,
+        )
+        .unwrap();
+        assert_eq!((s.state, fx.len()), (State::Success, 0));
+        // A bootMode is not done yet, and says so once.
+        sp.boot_options.boot_mode = Some(BootMode::Netboot);
+        let (s, _) = step(
+            &sp,
+            &Status {
+                state: State::Preparing,
+                ..Status::default()
+            },
+            now,
+        )
+        .unwrap();
+        assert_eq!(s.state, State::Preparing);
+        assert!(
+            s.conditions.iter().any(|c| c
+                .message
+                .as_deref()
+                .unwrap_or("")
+                .contains("not supported"))
+        );
+        assert!(step(&sp, &s, now).is_none());
+        let mut doc =
+            json!({"spec": {"interfaces": [{"dhcp": {}}, {"netboot": {"allowWorkflow": true}}]}});
+        set_allow_pxe(&mut doc, true);
+        assert_eq!(doc["spec"]["interfaces"][0]["netboot"]["allowPXE"], true);
+        assert_eq!(
+            doc["spec"]["interfaces"][1]["netboot"],
+            json!({"allowWorkflow": true, "allowPXE": true})
+        );
+    }
+
+    #[test]
+    fn the_global_timeout_ends_a_running_workflow() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let s = Status {
+            state: State::Running,
+            global_timeout: Some(60),
+            ..Status::default()
+        };
+        let (s, _) = step(&spec(), &s, t0).unwrap();
+        assert_eq!(
+            s.global_execution_stop.as_deref(),
+            Some("2027-01-15T08:01:00Z")
+        );
+        assert!(step(&spec(), &s, t0 + Duration::from_secs(60)).is_none());
+        let (s, _) = step(&spec(), &s, t0 + Duration::from_secs(61)).unwrap();
+        assert_eq!(s.state, State::Timeout);
+        let none = Status {
+            state: State::Running,
+            global_timeout: Some(0),
+            ..Status::default()
+        };
+        assert!(step(&spec(), &none, t0).is_none());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! - [`funcs`]: the functions a Template may call;
 //! - [`model`]: the Template and Workflow documents and the Workflow status.
 
+pub mod agent;
 pub mod engine;
 pub mod funcs;
 pub mod model;

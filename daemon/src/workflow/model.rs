@@ -121,6 +121,7 @@ pub struct Status {
     pub global_timeout: Option<i64>,
     pub global_execution_stop: Option<String>,
     pub current_state: Option<CurrentState>,
+    pub boot_options: Option<BootOptionsStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -140,6 +141,24 @@ pub struct CurrentState {
     pub state: Option<State>,
     pub action_name: Option<String>,
     pub task_name: Option<String>,
+}
+
+/// `status.bootOptions`: what the engine did to the Hardware for the
+/// Workflow, so that each step is done once.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BootOptionsStatus {
+    #[serde(default)]
+    pub allow_netboot: AllowNetboot,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AllowNetboot {
+    #[serde(default)]
+    pub toggled_true: bool,
+    #[serde(default)]
+    pub toggled_false: bool,
 }
 
 #[skip_serializing_none]
