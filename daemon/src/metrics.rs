@@ -56,6 +56,15 @@ pub struct Metrics {
     pub boot_requests: Family<BootLabels, Counter>,
     pub syslog_lines: Family<ResultLabels, Counter>,
     pub metadata_requests: Family<CodeLabels, Counter>,
+    /// Actions that ended, by result: success, failed, timeout.
+    pub workflow_actions: Family<ResultLabels, Counter>,
+    /// Workflows that reached a state, by state.
+    pub workflow_states: Family<StateLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -102,6 +111,8 @@ impl Metrics {
             boot_requests: Family::default(),
             syslog_lines: Family::default(),
             metadata_requests: Family::default(),
+            workflow_actions: Family::default(),
+            workflow_states: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -183,6 +194,16 @@ impl Metrics {
             "metadata_requests",
             "Metadata requests by status code",
             m.metadata_requests.clone(),
+        );
+        registry.register(
+            "workflow_actions",
+            "Workflow actions that ended, by result: success, failed, timeout",
+            m.workflow_actions.clone(),
+        );
+        registry.register(
+            "workflow_states",
+            "Workflows that entered a state (PENDING, RUNNING, SUCCESS, ...)",
+            m.workflow_states.clone(),
         );
         let info = Family::<Vec<(String, String)>, Gauge>::default();
         info.get_or_create(&vec![("version".into(), env!("CARGO_PKG_VERSION").into())])

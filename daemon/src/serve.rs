@@ -134,7 +134,12 @@ async fn open(
             metrics.clone(),
         ),
         bmc: BmcService::new(store.clone(), sink.clone(), wake),
-        workflow: WorkflowService::new(store.clone(), Arc::new(tokio::sync::Notify::new())),
+        workflow: WorkflowService::new(
+            store.clone(),
+            sink.clone(),
+            metrics.clone(),
+            Arc::new(tokio::sync::Notify::new()),
+        ),
     });
     let app = Arc::new(App {
         config: config.clone(),

@@ -13,10 +13,12 @@ use crate::events::{Event, EventSink, Kind};
 use crate::hardware::{self, FieldError, Firmware, Hardware, Key};
 use crate::inventory::{Inventory, Patch};
 use crate::metrics::Metrics;
+use crate::metrics::{ResultLabels, StateLabels};
 use crate::store::bmc::{JobKind, NewJob};
+use crate::store::workflow::WorkflowRow;
 use crate::store::{Outcome, Store, StoreError};
 use crate::workflow::agent::{self, Refusal, Served};
-use crate::workflow::model::Status;
+use crate::workflow::model::{Action as WfAction, State as WfState, Status};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use tokio::sync::{Mutex, Notify};
@@ -272,6 +274,15 @@ impl BmcService {
     }
 }
 
+/// Seconds an action took, from its start and stop times.
+fn seconds(a: &WfAction) -> Option<u64> {
+    let t = |s: &Option<String>| humantime::parse_rfc3339(s.as_deref()?).ok();
+    t(&a.execution_stop)?
+        .duration_since(t(&a.execution_start)?)
+        .ok()
+        .map(|d| d.as_secs())
+}
+
 /// Read-modify-writes of a Workflow's status lost to another writer are
 /// retried this many times before the caller is told to come back.
 const WRITE_ATTEMPTS: usize = 8;
@@ -287,18 +298,101 @@ pub enum WorkerError {
     Store(#[from] StoreError),
 }
 
-/// Templates and Workflows: apply and delete. The engine
-/// ([`crate::workflow`]) is woken for every change; it alone writes a
-/// Workflow's status.
+/// Templates and Workflows: apply and delete, and every write of a
+/// Workflow's status (the engine's steps, the workers' requests), each
+/// change of state or of an action's state an event of the Workflow's
+/// machine and a metric.
 pub struct WorkflowService {
     store: Store,
+    events: EventSink,
+    metrics: Arc<Metrics>,
     /// Wakes the engine.
     pub wake: Arc<Notify>,
 }
 
 impl WorkflowService {
-    pub fn new(store: Store, wake: Arc<Notify>) -> Self {
-        WorkflowService { store, wake }
+    pub fn new(store: Store, events: EventSink, metrics: Arc<Metrics>, wake: Arc<Notify>) -> Self {
+        WorkflowService {
+            store,
+            events,
+            metrics,
+            wake,
+        }
+    }
+
+    /// Write `next` over the status `row` was read with (StoreError::Stale
+    /// if it changed since), then record what changed.
+    pub async fn save_status(&self, row: &WorkflowRow, next: &Status) -> Result<i64, StoreError> {
+        let v = self
+            .store
+            .save_workflow_status(&row.key, row.version, next)
+            .await?;
+        self.record(row, next);
+        Ok(v)
+    }
+
+    fn record(&self, row: &WorkflowRow, next: &Status) {
+        let machine = row
+            .doc
+            .pointer("/spec/hardwareRef")
+            .and_then(Value::as_str)
+            .filter(|h| !h.is_empty())
+            .map(|h| Key::new(row.key.namespace.clone(), h));
+        let emit = |e: Event| {
+            self.events.record(match &machine {
+                Some(m) => e.machine(m.clone()),
+                None => e,
+            })
+        };
+        let old = &row.status;
+        if old.state != next.state {
+            self.metrics
+                .workflow_states
+                .get_or_create(&StateLabels {
+                    state: next.state.as_str(),
+                })
+                .inc();
+            emit(
+                Event::new(
+                    Kind::WorkflowState,
+                    format!("workflow {} is {}", row.key, next.state.as_str()),
+                )
+                .fields(json!({"workflow": row.key.to_string(), "from": old.state.as_str(), "to": next.state.as_str()})),
+            );
+        }
+        for t in &next.tasks {
+            for a in &t.actions {
+                let before = old
+                    .tasks
+                    .iter()
+                    .flat_map(|t| &t.actions)
+                    .find(|o| o.id == a.id)
+                    .map(|o| o.state);
+                if before == Some(a.state) {
+                    continue;
+                }
+                let seconds = seconds(a);
+                let fields = json!({"workflow": row.key.to_string(), "task": t.name, "action": a.name,
+                    "image": a.image, "seconds": seconds, "message": a.message});
+                let (kind, what, result) = match a.state {
+                    WfState::Running => (Kind::WorkflowActionStarted, "started", None),
+                    WfState::Success => {
+                        (Kind::WorkflowActionSucceeded, "succeeded", Some("success"))
+                    }
+                    WfState::Failed => (Kind::WorkflowActionFailed, "failed", Some("failed")),
+                    WfState::Timeout => (Kind::WorkflowActionFailed, "timed out", Some("timeout")),
+                    _ => continue,
+                };
+                if let Some(result) = result {
+                    self.metrics
+                        .workflow_actions
+                        .get_or_create(&ResultLabels { result })
+                        .inc();
+                }
+                let took = seconds.map(|s| format!(" after {s}s")).unwrap_or_default();
+                emit(Event::new(kind, format!("action {} {what}{took}", a.name)).fields(fields));
+            }
+        }
     }
 
     /// Apply checked documents in one transaction.
@@ -318,11 +412,10 @@ impl WorkflowService {
         for _ in 0..WRITE_ATTEMPTS {
             let rows = self.store.workflows_of_agent(agent).await?;
             let served = agent::next_action(agent, &rows)?;
-            match self
-                .store
-                .save_workflow_status(&served.workflow, served.version, &served.status)
-                .await
-            {
+            let Some(row) = rows.iter().find(|r| r.key == served.workflow) else {
+                continue;
+            };
+            match self.save_status(row, &served.status).await {
                 Ok(_) => return Ok(served),
                 Err(StoreError::Stale { .. }) => continue,
                 Err(e) => return Err(e.into()),

@@ -79,6 +79,14 @@ pub enum Kind {
     BmcFailed,
     #[serde(rename = "bmc.power_changed")]
     BmcPowerChanged,
+    #[serde(rename = "workflow.state")]
+    WorkflowState,
+    #[serde(rename = "workflow.action_started")]
+    WorkflowActionStarted,
+    #[serde(rename = "workflow.action_succeeded")]
+    WorkflowActionSucceeded,
+    #[serde(rename = "workflow.action_failed")]
+    WorkflowActionFailed,
     #[cfg(test)]
     #[serde(rename = "test")]
     Test,
@@ -112,6 +120,10 @@ impl Kind {
             Kind::BmcBootdev => "bmc.bootdev",
             Kind::BmcFailed => "bmc.failed",
             Kind::BmcPowerChanged => "bmc.power_changed",
+            Kind::WorkflowState => "workflow.state",
+            Kind::WorkflowActionStarted => "workflow.action_started",
+            Kind::WorkflowActionSucceeded => "workflow.action_succeeded",
+            Kind::WorkflowActionFailed => "workflow.action_failed",
             #[cfg(test)]
             Kind::Test => "test",
         }
