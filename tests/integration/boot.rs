@@ -264,8 +264,10 @@ fn ipxe_scripts_by_mac_and_by_source_ip() {
         script.contains(&format!("set base-url {base}/artifacts\n")),
         "{script}"
     );
+    // grpc_authority: tinkerbox's own Tink server ([tink] listen's port).
+    let tink = d.tink.port();
     assert!(script.contains(&format!(
-        "facility=lab1 syslog_host=127.0.0.1 grpc_authority=127.0.0.1:42113 tinkerbell_tls=false worker_id={MAC} hw_addr={MAC} modules=loop,squashfs,sd-mod,usb-storage initrd=initramfs-${{arch}} console=ttyS0,115200"
+        "facility=lab1 syslog_host=127.0.0.1 grpc_authority=127.0.0.1:{tink} tinkerbell_tls=false worker_id={MAC} hw_addr={MAC} modules=loop,squashfs,sd-mod,usb-storage initrd=initramfs-${{arch}} console=ttyS0,115200"
     )), "{script}");
     // The same script by source IP (127.0.0.1 is the machine's address).
     let (code, by_ip) = get("/auto.ipxe");

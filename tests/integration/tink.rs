@@ -3,7 +3,7 @@
 //! (tests/tink/peer.py) plays tink-agent and tink-worker v0.12 through
 //! whole workflows.
 
-use crate::common::{Daemon, write_file};
+use crate::common::{Daemon, Setup, self_signed_leaf, write_file};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -270,4 +270,55 @@ fn tink_worker_v0_12_runs_a_workflow_to_success() {
     assert_eq!(raw[0]["code"], "INVALID_ARGUMENT", "{raw:#?}");
     let raw = peer(&d, &["raw", "20012a0178"]);
     assert_ne!(raw[0]["code"], "OK", "{raw:#?}");
+}
+
+/// With `[tink] tls_cert`/`tls_key` the workers speak TLS (the peer trusts
+/// the certificate), and the iPXE script tells the OSIE so.
+#[test]
+fn grpc_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("tink.crt"), dir.path().join("tink.key"));
+    self_signed_leaf(&cert, &key, "tinkerbox");
+    let tink = format!(
+        "tls_cert = {:?}\ntls_key = {:?}\n",
+        cert.to_str().unwrap(),
+        key.to_str().unwrap()
+    );
+    let d = Daemon::start_setup(Setup {
+        tink: &tink,
+        ..Setup::default()
+    });
+    // allowPXE: the iPXE script is served only to a machine that may boot.
+    let hw = HW.replace("allowPXE: false", "allowPXE: true");
+    apply(
+        &d,
+        &format!(
+            "{hw}{}{}",
+            template("t1", ONE_TASK),
+            workflow_doc("wf1", "t1", "")
+        ),
+    );
+    wait_state(&d, "wf1", "PENDING");
+    let lines = peer(
+        &d,
+        &[
+            "agent",
+            "02:00:00:00:00:01",
+            "--tls",
+            cert.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l["event"] == "served").count(),
+        3,
+        "{lines:#?}"
+    );
+    wait_state(&d, "wf1", "SUCCESS");
+    let o = d.curl(&["-sf", &d.url("/ipxe/script/02:00:00:00:00:01/auto.ipxe")]);
+    let script = String::from_utf8_lossy(&o.stdout);
+    assert!(script.contains("tinkerbell_tls=true"), "{script}");
+    assert!(
+        script.contains(&format!("grpc_authority=127.0.0.1:{}", d.tink.port())),
+        "{script}"
+    );
 }

@@ -5,7 +5,7 @@ modules that grpcio-tools generated from the UPSTREAM .proto files
 (tests/tink/grpc-venv). Prints one JSON object per line: what was served,
 what was reported, the codes the server answered, and a final summary.
 
-  peer.py STUBS agent ADDR AGENT_ID [--fail|--timeout|--hang ACTION] [--polls N]
+  peer.py STUBS agent ADDR AGENT_ID [--fail|--timeout|--hang ACTION] [--polls N] [--tls CA.pem]
   peer.py STUBS worker ADDR WORKER_ID [--polls N]
   peer.py STUBS raw ADDR HEXBYTES      (send bytes to ReportActionStatus)
 
@@ -22,6 +22,15 @@ def out(**kw):
     print(json.dumps(kw), flush=True)
 
 
+def channel(a):
+    import grpc
+    if a.tls:
+        with open(a.tls, "rb") as f:
+            creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+        return grpc.secure_channel(a.addr, creds)
+    return grpc.insecure_channel(a.addr)
+
+
 def agent(stubs, a):
     sys.path.insert(0, f"{stubs}/agent")
     import grpc
@@ -30,7 +39,7 @@ def agent(stubs, a):
     import workflow_service_pb2_grpc as svc
     from google.protobuf import timestamp_pb2
 
-    ch = grpc.insecure_channel(a.addr)
+    ch = channel(a)
     stub = svc.WorkflowServiceStub(ch)
     ran = 0
     codes = []
@@ -140,6 +149,7 @@ def main():
     p.add_argument("--timeout")
     p.add_argument("--hang", help="report RUNNING for this action, then stop")
     p.add_argument("--polls", type=int, default=200)
+    p.add_argument("--tls", help="CA certificate (PEM): speak TLS, trusting it")
     a = p.parse_args()
     {"agent": agent, "worker": worker, "raw": raw}[a.role](a.stubs, a)
 

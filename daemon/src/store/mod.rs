@@ -99,10 +99,11 @@ pub(crate) enum MigrateFailed {
     Outdated(String),
 }
 
-/// Run `migrator` on `pool` (the database at `path`). A database made by a
-/// development build from before the migrations were squashed into one per
-/// database is refused with what to do, not with sqlx's "migration ... was
-/// previously applied but is missing".
+/// Run `migrator` on `pool` (the database at `path`). Until the first
+/// release each database has one migration, edited in place as the schema
+/// grows, so a database made by an older development build (a migration
+/// it applied is gone, or was since changed) is refused with what to do,
+/// not with sqlx's "previously applied but is missing/modified".
 pub(crate) async fn migrate(
     migrator: &sqlx::migrate::Migrator,
     pool: &SqlitePool,
@@ -115,14 +116,19 @@ pub(crate) async fn migrate(
     .await
     .map_err(MigrateFailed::Db)?;
     if has_history {
-        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
-            .fetch_all(pool)
-            .await
-            .map_err(MigrateFailed::Db)?;
-        let known: Vec<i64> = migrator.iter().map(|m| m.version).collect();
-        if let Some(v) = applied.iter().find(|v| !known.contains(v)) {
+        let applied: Vec<(i64, Vec<u8>)> =
+            sqlx::query_as("SELECT version, checksum FROM _sqlx_migrations")
+                .fetch_all(pool)
+                .await
+                .map_err(MigrateFailed::Db)?;
+        let stale = applied.iter().find(|(v, sum)| {
+            !migrator
+                .iter()
+                .any(|m| m.version == *v && m.checksum.as_ref() == sum.as_slice())
+        });
+        if let Some((v, _)) = stale {
             return Err(MigrateFailed::Outdated(format!(
-                "{}: made by an older development build of tinkerbox (migration {v} is no longer part of it); \
+                "{}: made by an older development build of tinkerbox (its migration {v} is not this build's); \
                  there has been no release with a stable schema yet: stop tinkerbox, move tinkerbox.db and events.db \
                  out of the state directory, start it again and apply your documents again",
                 path.display()
@@ -600,6 +606,19 @@ mod tests {
         store.close().await;
         match Store::open(&path).await {
             Err(StoreError::Outdated(m)) => assert!(m.contains("older development build"), "{m}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("opened"),
+        }
+        // A database whose one migration was since edited (the schema grew).
+        let path = dir.path().join("u.db");
+        let store = Store::open(&path).await.unwrap();
+        sqlx::query("UPDATE _sqlx_migrations SET checksum = x'00'")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        store.close().await;
+        match Store::open(&path).await {
+            Err(StoreError::Outdated(m)) => assert!(m.contains("is not this build's"), "{m}"),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("opened"),
         }
