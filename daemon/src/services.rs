@@ -215,6 +215,59 @@ impl BmcService {
         Ok(key)
     }
 
+    /// A job under a fixed name (replacing a finished one of that name),
+    /// as a Workflow's boot options start them: `netboot-<workflow>`.
+    pub async fn start_named_job(
+        &self,
+        key: &Key,
+        machine: &Key,
+        tasks: Vec<Action>,
+    ) -> Result<(), Error> {
+        if self.store.bmc_machine(machine).await?.is_none() {
+            return Err(Error::NotFound(format!("BMC Machine {machine}")));
+        }
+        let doc = json!({
+            "apiVersion": crate::bmc::model::API_VERSION, "kind": "Job",
+            "metadata": {"name": key.name, "namespace": key.namespace},
+            "spec": {"machineRef": {"name": machine.name, "namespace": machine.namespace}, "tasks": tasks},
+        });
+        self.store
+            .replace_job(&NewJob {
+                key,
+                kind: JobKind::Job,
+                doc: &doc,
+                machine: Some(machine),
+                connection: None,
+                tasks: &tasks,
+            })
+            .await?;
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// The tasks of a network boot: power off, PXE once (EFI if `efi`),
+    /// power on.
+    pub fn netboot_tasks(efi: bool) -> Vec<Action> {
+        vec![
+            Action {
+                power_action: Some(PowerAction::Off),
+                ..Action::default()
+            },
+            Action {
+                boot_device: Some(BootDeviceAction {
+                    device: BootDevice::Pxe,
+                    persistent: false,
+                    efi_boot: efi,
+                }),
+                ..Action::default()
+            },
+            Action {
+                power_action: Some(PowerAction::On),
+                ..Action::default()
+            },
+        ]
+    }
+
     /// Rufio's common job for a Hardware: allow PXE on every interface that
     /// netboots, power off, boot from the network once (EFI when the
     /// Hardware says UEFI), power on. The Hardware change goes through
@@ -245,24 +298,7 @@ impl BmcService {
         let bmc_name = m.bmc.as_deref().unwrap_or_default();
         let bmc = Key::new(key.namespace.clone(), bmc_name);
         let efi = m.interfaces.iter().any(|i| i.firmware == Firmware::Uefi);
-        let tasks = vec![
-            Action {
-                power_action: Some(PowerAction::Off),
-                ..Action::default()
-            },
-            Action {
-                boot_device: Some(BootDeviceAction {
-                    device: BootDevice::Pxe,
-                    persistent: false,
-                    efi_boot: efi,
-                }),
-                ..Action::default()
-            },
-            Action {
-                power_action: Some(PowerAction::On),
-                ..Action::default()
-            },
-        ];
+        let tasks = Self::netboot_tasks(efi);
         self.events.record(
             Event::new(
                 Kind::BmcNetboot,

@@ -372,3 +372,84 @@ fn power_changes_made_elsewhere_become_events() {
         std::thread::sleep(Duration::from_millis(250));
     }
 }
+
+/// A Workflow with `bootMode: netboot` (what CAPT creates for a Hardware
+/// with a bmcRef): in PREPARING the engine sets allowPXE and runs the job
+/// `netboot-<workflow>` on the Hardware's BMC (sushy-emulator): power off,
+/// PXE once with EFI (the Hardware says uefi), power on; the Workflow waits
+/// for it and then is PENDING. Every kind in one `tinkerbox apply`.
+#[test]
+fn a_workflow_with_boot_mode_netboot_runs_its_bmc_job() {
+    let sushy = Sushy::start();
+    let d = Daemon::start();
+    let wf = r#"---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Template
+metadata: {name: t1}
+spec:
+  data: |
+    name: t1
+    tasks:
+    - {name: a, worker: "{{.device_1}}", actions: [{name: x, image: bash}]}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Workflow
+metadata: {name: wf1}
+spec:
+  templateRef: t1
+  hardwareRef: node-1
+  hardwareMap: {device_1: "52:54:00:88:00:01"}
+  bootOptions: {toggleAllowNetboot: true, bootMode: netboot}
+"#;
+    let all = format!("{}{wf}", docs(&format!("http://127.0.0.1:{}", sushy.port)));
+    let f = write_file(&d.dir, "all.yaml", &all);
+    let out = d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    assert!(
+        out.contains("machine.bmc.tinkerbell.org/bmc-1 created")
+            && out.contains("workflow.tinkerbell.org/wf1 created"),
+        "{out}"
+    );
+    let start = Instant::now();
+    let w = loop {
+        let w: Value =
+            serde_json::from_str(&d.cli_ok(&["get", "workflow", "wf1", "-o", "json"])).unwrap();
+        if w["status"]["state"] != "PREPARING" && w["status"]["state"] != "" {
+            break w;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "still preparing: {w:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(w["status"]["state"], "PENDING", "{w:#}");
+    assert_eq!(
+        w["status"]["bootOptions"]["jobs"]["netboot-wf1"]["complete"], true,
+        "{w:#}"
+    );
+    let kinds: Vec<&str> = w["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    for k in [
+        "TemplateRenderedSuccess",
+        "AllowNetbootTrue",
+        "BootJobSetupComplete",
+        "BootJobComplete",
+    ] {
+        assert!(kinds.contains(&k), "{k} missing: {kinds:?}");
+    }
+    let job: Value =
+        serde_json::from_str(&d.cli_ok(&["bmc", "job", "get", "netboot-wf1", "-o", "json"]))
+            .unwrap();
+    assert_eq!(job["state"], "completed", "{job:#}");
+    sushy.wait_power("On");
+    let boot = &sushy.system()["Boot"];
+    assert_eq!(boot["BootSourceOverrideTarget"], "Pxe");
+    assert_eq!(boot["BootSourceOverrideMode"], "UEFI");
+    let hw: Value =
+        serde_json::from_str(&d.cli_ok(&["hardware", "get", "node-1", "-o", "json"])).unwrap();
+    assert_eq!(hw["spec"]["interfaces"][0]["netboot"]["allowPXE"], true);
+}

@@ -201,6 +201,34 @@ impl Store {
         Ok(out)
     }
 
+    /// A job under a fixed name (a Workflow's `netboot-<workflow>`): one
+    /// of that name that is not running is deleted first, as Rufio's
+    /// callers do; a running one is left to finish (Unchanged).
+    pub async fn replace_job(&self, job: &NewJob<'_>) -> Result<Outcome, StoreError> {
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let running: Option<State> =
+            sqlx::query_scalar("SELECT state FROM bmc_jobs WHERE namespace = ? AND name = ?")
+                .bind(&job.key.namespace)
+                .bind(&job.key.name)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if running == Some(State::Running) {
+            return Ok(Outcome::Unchanged);
+        }
+        sqlx::query("DELETE FROM bmc_jobs WHERE namespace = ? AND name = ?")
+            .bind(&job.key.namespace)
+            .bind(&job.key.name)
+            .execute(&mut *tx)
+            .await?;
+        let o = insert_job(&mut tx, job).await?;
+        tx.commit().await?;
+        Ok(if running.is_some() {
+            Outcome::Configured
+        } else {
+            o
+        })
+    }
+
     /// One new job in its own transaction.
     pub async fn insert_job(&self, job: &NewJob<'_>) -> Result<Outcome, StoreError> {
         let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;

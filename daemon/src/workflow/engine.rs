@@ -8,15 +8,21 @@
 //!   `TemplateRenderedSuccess` condition, retried on every pass, as
 //!   tink-controller requeues.
 //! - PREPARING: `toggleAllowNetboot` sets allowPXE on every interface of
-//!   the Hardware, then PENDING. `bootMode` (BMC jobs) is not done yet: such
-//!   a Workflow stays PREPARING with a condition saying so.
+//!   the Hardware; `bootMode: netboot` runs the BMC job `netboot-<workflow>`
+//!   (power off, PXE once, power on) on the Hardware's bmcRef and waits for
+//!   it; then PENDING. `iso`/`isoboot`/`customboot` are not done yet: such a
+//!   Workflow stays PREPARING with a condition saying so.
 //! - RUNNING: the global timeout (`globalExecutionStop`, set when the
 //!   engine first sees it running) ends it in TIMEOUT.
 //! - POST: allowPXE back off if it was toggled, then SUCCESS.
 
-use super::model::{BootOptionsStatus, Condition, State, Status, TemplateRendering, WorkflowSpec};
+use super::model::{
+    BootMode, BootOptionsStatus, Condition, JobStatus, State, Status, TemplateRendering,
+    WorkflowSpec,
+};
 use super::render;
 use crate::services::Services;
+use crate::store::bmc::State as JobState;
 use crate::store::workflow::WorkflowRow;
 use crate::store::{Store, StoreError};
 use serde_json::Value;
@@ -85,14 +91,37 @@ pub fn render_step(
 pub enum Effect {
     /// Set `netboot.allowPXE` on every interface of the Workflow's Hardware.
     AllowPxe(bool),
+    /// (Re)create the BMC job `name`: off, PXE once (EFI if `efi`), on, on
+    /// BMC Machine `bmc` (the Hardware's bmcRef).
+    NetbootJob {
+        name: String,
+        bmc: String,
+        efi: bool,
+    },
+}
+
+/// What a step reads besides the Workflow: the Hardware's bmcRef and
+/// firmware, and the state of the Workflow's boot job, if any.
+#[derive(Debug, Clone, Default)]
+pub struct Context {
+    pub bmc_ref: Option<String>,
+    pub efi: bool,
+    pub job: Option<JobState>,
+}
+
+/// `netboot-<workflow>`, as tink-controller names it.
+pub fn job_name(kind: &str, workflow: &str) -> String {
+    format!("{kind}-{workflow}")
 }
 
 /// PREPARING, POST and RUNNING: the next status and what to do first.
 /// The effect is done before the status is written; if it fails, the
 /// status is not written and the step is tried again.
 pub fn step(
+    workflow: &str,
     spec: &WorkflowSpec,
     status: &Status,
+    ctx: &Context,
     now: SystemTime,
 ) -> Option<(Status, Vec<Effect>)> {
     let stamp = rfc3339(now);
@@ -121,20 +150,31 @@ pub fn step(
                     ),
                 );
             }
-            if let Some(mode) = spec.boot_options.boot_mode {
-                let changed = set_condition(
-                    &mut s,
-                    named(
-                        "BootJobSetupFailed",
-                        true,
-                        "NotSupported",
-                        format!(
-                            "bootMode {mode:?} is not supported by this tinkerbox yet; power the machine on to network-boot it, or remove bootMode"
+            match spec.boot_options.boot_mode {
+                None => {}
+                Some(BootMode::Netboot) => {
+                    let name = job_name("netboot", workflow);
+                    let changed = netboot(&mut s, &mut effects, &name, ctx, &stamp);
+                    if s.state == State::Preparing {
+                        return (changed || !effects.is_empty()).then_some((s, effects));
+                    }
+                    return Some((s, effects));
+                }
+                Some(mode) => {
+                    let changed = set_condition(
+                        &mut s,
+                        named(
+                            "BootJobSetupFailed",
+                            true,
+                            "NotSupported",
+                            format!(
+                                "bootMode {mode:?} is not supported by this tinkerbox yet; power the machine on to network-boot it, or remove bootMode"
+                            ),
+                            &stamp,
                         ),
-                        &stamp,
-                    ),
-                );
-                return (changed || !effects.is_empty()).then_some((s, effects));
+                    );
+                    return (changed || !effects.is_empty()).then_some((s, effects));
+                }
             }
             s.state = State::Pending;
             Some((s, effects))
@@ -183,6 +223,105 @@ pub fn step(
             Some((s, effects))
         }
         _ => None,
+    }
+}
+
+/// The netboot job of PREPARING: create it once, then follow it to
+/// PENDING (completed) or FAILED. True when the status changed.
+fn netboot(
+    s: &mut Status,
+    effects: &mut Vec<Effect>,
+    name: &str,
+    ctx: &Context,
+    stamp: &str,
+) -> bool {
+    let Some(bmc) = ctx.bmc_ref.clone() else {
+        s.state = State::Failed;
+        set_condition(
+            s,
+            named(
+                "BootJobSetupFailed",
+                true,
+                "Error",
+                "bootMode netboot needs the Hardware's spec.bmcRef".into(),
+                stamp,
+            ),
+        );
+        return true;
+    };
+    let jobs = &mut s
+        .boot_options
+        .get_or_insert_with(BootOptionsStatus::default)
+        .jobs;
+    let created = jobs.get(name).is_some_and(|j| j.existing_job_deleted);
+    match (created, ctx.job) {
+        // Not made yet, or made and since deleted by someone: (re)create.
+        (false, _) | (true, None) => {
+            jobs.insert(
+                name.into(),
+                JobStatus {
+                    complete: false,
+                    existing_job_deleted: true,
+                },
+            );
+            effects.push(Effect::NetbootJob {
+                name: name.into(),
+                bmc,
+                efi: ctx.efi,
+            });
+            set_condition(
+                s,
+                named(
+                    "BootJobSetupComplete",
+                    true,
+                    "Created",
+                    format!("job {name} created"),
+                    stamp,
+                ),
+            );
+            true
+        }
+        (true, Some(JobState::Completed)) => {
+            if let Some(j) = jobs.get_mut(name) {
+                j.complete = true;
+            }
+            s.state = State::Pending;
+            set_condition(
+                s,
+                named(
+                    "BootJobComplete",
+                    true,
+                    "Complete",
+                    format!("job {name} completed"),
+                    stamp,
+                ),
+            );
+            true
+        }
+        (true, Some(JobState::Failed)) => {
+            s.state = State::Failed;
+            set_condition(
+                s,
+                named(
+                    "BootJobFailed",
+                    true,
+                    "Error",
+                    format!("job {name} failed (see: tinkerbox bmc job get {name})"),
+                    stamp,
+                ),
+            );
+            true
+        }
+        (true, Some(JobState::Pending | JobState::Running)) => set_condition(
+            s,
+            named(
+                "BootJobRunning",
+                true,
+                "Running",
+                format!("job {name} is running"),
+                stamp,
+            ),
+        ),
     }
 }
 
@@ -263,7 +402,10 @@ impl Engine {
         let active = [State::Preparing, State::Running, State::Post];
         for row in self.store.workflows(None, &active).await? {
             let spec = spec_of(&row);
-            let Some((next, effects)) = step(&spec, &row.status, SystemTime::now()) else {
+            let ctx = self.context(&row, &spec).await?;
+            let Some((next, effects)) =
+                step(&row.key.name, &spec, &row.status, &ctx, SystemTime::now())
+            else {
                 continue;
             };
             if let Err(e) = self.apply(&row, &spec, &effects).await {
@@ -280,6 +422,45 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// What [`step`] reads: only for a Workflow that is PREPARING with a
+    /// bootMode.
+    async fn context(&self, row: &WorkflowRow, spec: &WorkflowSpec) -> Result<Context, StoreError> {
+        if row.status.state != State::Preparing || spec.boot_options.boot_mode.is_none() {
+            return Ok(Context::default());
+        }
+        let ns = &row.key.namespace;
+        let hw = self
+            .store
+            .get(&crate::hardware::Key::new(
+                ns.clone(),
+                spec.hardware_ref.clone(),
+            ))
+            .await?;
+        let bmc_ref = hw
+            .as_ref()
+            .and_then(|h| h.pointer("/spec/bmcRef/name"))
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .map(String::from);
+        let efi = hw
+            .as_ref()
+            .and_then(|h| h.pointer("/spec/interfaces"))
+            .and_then(Value::as_array)
+            .is_some_and(|i| {
+                i.iter()
+                    .any(|i| i.pointer("/dhcp/uefi") == Some(&Value::Bool(true)))
+            });
+        let job = self
+            .store
+            .job(&crate::hardware::Key::new(
+                ns.clone(),
+                job_name("netboot", &row.key.name),
+            ))
+            .await?
+            .map(|j| j.state);
+        Ok(Context { bmc_ref, efi, job })
     }
 
     async fn apply(
@@ -301,6 +482,16 @@ impl Engine {
                             set_allow_pxe(doc, *on);
                             Ok(())
                         })
+                        .await?;
+                }
+                Effect::NetbootJob { name, bmc, efi } => {
+                    let ns = &row.key.namespace;
+                    let key = crate::hardware::Key::new(ns.clone(), name.clone());
+                    let machine = crate::hardware::Key::new(ns.clone(), bmc.clone());
+                    let tasks = crate::services::BmcService::netboot_tasks(*efi);
+                    self.services
+                        .bmc
+                        .start_named_job(&key, &machine, tasks)
                         .await?;
                 }
             }
@@ -430,7 +621,7 @@ mod tests {
             state: State::Preparing,
             ..Status::default()
         };
-        let (s, fx) = step(&sp, &s, now).unwrap();
+        let (s, fx) = step("wf", &sp, &s, &Context::default(), now).unwrap();
         assert_eq!(
             (s.state, fx),
             (State::Pending, vec![Effect::AllowPxe(true)])
@@ -440,7 +631,7 @@ mod tests {
             state: State::Post,
             ..s
         };
-        let (s, fx) = step(&sp, &post, now).unwrap();
+        let (s, fx) = step("wf", &sp, &post, &Context::default(), now).unwrap();
         assert_eq!(
             (s.state, fx),
             (State::Success, vec![Effect::AllowPxe(false)])
@@ -448,27 +639,19 @@ mod tests {
         let kinds: Vec<_> = s.conditions.iter().map(|c| c.kind.as_str()).collect();
         assert_eq!(kinds, ["AllowNetbootTrue", "AllowNetbootFalse"]);
         // Without the toggle: straight through, nothing done to the Hardware.
-        let (s, fx) = step(
-            &spec(),
-            &Status {
-                state: State::Post,
-                ..Status::default()
-            },
-            now,
-        )
-        .unwrap();
+        let post = Status {
+            state: State::Post,
+            ..Status::default()
+        };
+        let (s, fx) = step("wf", &spec(), &post, &Context::default(), now).unwrap();
         assert_eq!((s.state, fx.len()), (State::Success, 0));
-        // A bootMode is not done yet, and says so once.
-        sp.boot_options.boot_mode = Some(BootMode::Netboot);
-        let (s, _) = step(
-            &sp,
-            &Status {
-                state: State::Preparing,
-                ..Status::default()
-            },
-            now,
-        )
-        .unwrap();
+        // An ISO boot is not done yet, and says so once.
+        sp.boot_options.boot_mode = Some(BootMode::Iso);
+        let prep = Status {
+            state: State::Preparing,
+            ..Status::default()
+        };
+        let (s, _) = step("wf", &sp, &prep, &Context::default(), now).unwrap();
         assert_eq!(s.state, State::Preparing);
         assert!(
             s.conditions.iter().any(|c| c
@@ -477,7 +660,7 @@ mod tests {
                 .unwrap_or("")
                 .contains("not supported"))
         );
-        assert!(step(&sp, &s, now).is_none());
+        assert!(step("wf", &sp, &s, &Context::default(), now).is_none());
         let mut doc =
             json!({"spec": {"interfaces": [{"dhcp": {}}, {"netboot": {"allowWorkflow": true}}]}});
         set_allow_pxe(&mut doc, true);
@@ -485,6 +668,51 @@ mod tests {
         assert_eq!(
             doc["spec"]["interfaces"][1]["netboot"],
             json!({"allowWorkflow": true, "allowPXE": true})
+        );
+    }
+
+    /// bootMode netboot: the job is created once, followed, and decides.
+    #[test]
+    fn netboot_runs_a_bmc_job_and_waits_for_it() {
+        let mut sp = spec();
+        sp.boot_options.boot_mode = Some(BootMode::Netboot);
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let ctx = |job| Context {
+            bmc_ref: Some("bmc-1".into()),
+            efi: true,
+            job,
+        };
+        let prep = Status {
+            state: State::Preparing,
+            ..Status::default()
+        };
+        let (s, fx) = step("wf", &sp, &prep, &ctx(None), now).unwrap();
+        assert_eq!(
+            fx,
+            [Effect::NetbootJob {
+                name: "netboot-wf".into(),
+                bmc: "bmc-1".into(),
+                efi: true
+            }]
+        );
+        assert_eq!(s.state, State::Preparing);
+        assert!(s.boot_options.as_ref().unwrap().jobs["netboot-wf"].existing_job_deleted);
+        // Running: said once, then nothing to write.
+        let (s, fx) = step("wf", &sp, &s, &ctx(Some(JobState::Running)), now).unwrap();
+        assert!(fx.is_empty() && s.conditions.iter().any(|c| c.kind == "BootJobRunning"));
+        assert!(step("wf", &sp, &s, &ctx(Some(JobState::Running)), now).is_none());
+        let (done, _) = step("wf", &sp, &s, &ctx(Some(JobState::Completed)), now).unwrap();
+        assert_eq!(done.state, State::Pending);
+        assert!(done.boot_options.as_ref().unwrap().jobs["netboot-wf"].complete);
+        let (failed, _) = step("wf", &sp, &s, &ctx(Some(JobState::Failed)), now).unwrap();
+        assert_eq!(failed.state, State::Failed);
+        // No bmcRef on the Hardware: FAILED, saying why.
+        let (s, fx) = step("wf", &sp, &prep, &Context::default(), now).unwrap();
+        assert_eq!((s.state, fx.len()), (State::Failed, 0));
+        assert!(
+            s.conditions
+                .iter()
+                .any(|c| c.message.as_deref().unwrap_or("").contains("bmcRef"))
         );
     }
 
@@ -496,20 +724,36 @@ mod tests {
             global_timeout: Some(60),
             ..Status::default()
         };
-        let (s, _) = step(&spec(), &s, t0).unwrap();
+        let (s, _) = step("wf", &spec(), &s, &Context::default(), t0).unwrap();
         assert_eq!(
             s.global_execution_stop.as_deref(),
             Some("2027-01-15T08:01:00Z")
         );
-        assert!(step(&spec(), &s, t0 + Duration::from_secs(60)).is_none());
-        let (s, _) = step(&spec(), &s, t0 + Duration::from_secs(61)).unwrap();
+        assert!(
+            step(
+                "wf",
+                &spec(),
+                &s,
+                &Context::default(),
+                t0 + Duration::from_secs(60)
+            )
+            .is_none()
+        );
+        let (s, _) = step(
+            "wf",
+            &spec(),
+            &s,
+            &Context::default(),
+            t0 + Duration::from_secs(61),
+        )
+        .unwrap();
         assert_eq!(s.state, State::Timeout);
         let none = Status {
             state: State::Running,
             global_timeout: Some(0),
             ..Status::default()
         };
-        assert!(step(&spec(), &none, t0).is_none());
+        assert!(step("wf", &spec(), &none, &Context::default(), t0).is_none());
     }
 
     #[test]

@@ -150,6 +150,19 @@ pub struct CurrentState {
 pub struct BootOptionsStatus {
     #[serde(default)]
     pub allow_netboot: AllowNetboot,
+    /// The BMC jobs of the boot options, by name (`netboot-<workflow>`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub jobs: BTreeMap<String, JobStatus>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct JobStatus {
+    #[serde(default)]
+    pub complete: bool,
+    /// The job was (re)created: an older one of its name is gone.
+    #[serde(default)]
+    pub existing_job_deleted: bool,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
