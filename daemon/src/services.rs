@@ -128,6 +128,30 @@ impl HardwareService {
         Ok(result)
     }
 
+    /// Set annotation `name` to `value` unless the Hardware has it already
+    /// (upstream never overwrites the agent's attributes). True if set.
+    pub async fn annotate_once(&self, key: &Key, name: &str, value: &str) -> Result<bool, Error> {
+        let mut set = false;
+        self.update(key, |doc| {
+            let meta = &mut doc["metadata"];
+            if meta.get("annotations").is_none_or(Value::is_null) {
+                meta["annotations"] = json!({});
+            }
+            let a = &mut meta["annotations"];
+            if a.get(name)
+                .and_then(Value::as_str)
+                .is_some_and(|v| !v.is_empty())
+            {
+                return Ok(());
+            }
+            a[name] = Value::String(value.into());
+            set = true;
+            Ok(())
+        })
+        .await?;
+        Ok(set)
+    }
+
     /// True when the Hardware existed.
     pub async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         let _w = self.write.lock().await;
@@ -527,6 +551,22 @@ mod tests {
             "metadata": {"name": "m1", "labels": labels},
             "spec": {"interfaces": [{"dhcp": {"mac": "02:00:00:00:00:01"}}]}}))
         .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_annotation_set_once_is_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let (svc, store) = service(&dir).await;
+        svc.apply(vec![doc(json!({}))]).await.unwrap();
+        let key = Key::new("default", "m1");
+        assert!(svc.annotate_once(&key, "a/b", "{\"x\":1}").await.unwrap());
+        assert!(!svc.annotate_once(&key, "a/b", "{\"x\":2}").await.unwrap());
+        let d = store.get(&key).await.unwrap().unwrap();
+        assert_eq!(d["metadata"]["annotations"]["a/b"], "{\"x\":1}");
+        assert!(matches!(
+            svc.annotate_once(&Key::new("default", "nope"), "a/b", "x").await,
+            Err(Error::NotFound(_))
+        ));
     }
 
     /// Concurrent read-modify-writes of one Hardware (what `machine

@@ -41,11 +41,20 @@ def agent(stubs, a):
 
     ch = channel(a)
     stub = svc.WorkflowServiceStub(ch)
+    # What tink-agent sends with every GetAction: the machine it runs on.
+    attrs = req_pb.AgentAttributes(
+        cpu=req_pb.CPU(total_cores=4, total_threads=8, processors=[req_pb.Processor(
+            id=0, cores=4, threads=8, vendor="GenuineIntel", model="Core i5-8259U", capabilities=["vmx", "sse4_2"])]),
+        memory=req_pb.Memory(total="16GB", usable="15GB"),
+        block=[req_pb.Block(name="/dev/vda", drive_type="HDD", size="20GB", vendor="QEMU")],
+        network=[req_pb.Network(name="eth0", mac=a.id, speed="1000Mb/s")],
+        bios=req_pb.BIOS(vendor="SeaBIOS", version="1.16.2", release_date="04/01/2014"),
+    )
     ran = 0
     codes = []
     for _ in range(a.polls):
         try:
-            r = stub.GetAction(req_pb.ActionRequest(agent_id=a.id), timeout=5)
+            r = stub.GetAction(req_pb.ActionRequest(agent_id=a.id, agent_attributes=attrs), timeout=5)
         except grpc.RpcError as e:
             codes.append(e.code().name)
             out(event="get_action", code=e.code().name, details=e.details())

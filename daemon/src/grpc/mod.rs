@@ -90,6 +90,170 @@ fn to_worker_state(s: State) -> pb::State {
     }
 }
 
+/// The Hardware annotation upstream keeps the agent's attributes in.
+pub const ATTRIBUTES_ANNOTATION: &str = "tinkerbell.org/agent-attributes";
+/// Its size limit, as upstream's.
+const ATTRIBUTES_MAX: usize = 64 * 1024;
+
+impl Server {
+    /// The attributes the agent sent with its first GetAction of a
+    /// Workflow, kept once on the Workflow's Hardware as upstream keeps
+    /// them. Failures are logged; they never fail the request.
+    async fn keep_attributes(&self, hw: &crate::hardware::Key, attrs: &pb::AgentAttributes) {
+        let json = attributes_json(attrs).to_string();
+        if json.len() > ATTRIBUTES_MAX {
+            tracing::warn!(hardware = %hw, bytes = json.len(), "agent attributes over 64 KiB: not kept");
+            return;
+        }
+        if let Err(e) = self
+            .app
+            .services
+            .hardware
+            .annotate_once(hw, ATTRIBUTES_ANNOTATION, &json)
+            .await
+        {
+            tracing::warn!(hardware = %hw, error = %e, "agent attributes not kept");
+        }
+    }
+}
+
+/// Upstream's JSON shape of the attributes (pkg/data AgentAttributes):
+/// camelCase, unset fields left out.
+pub fn attributes_json(a: &pb::AgentAttributes) -> serde_json::Value {
+    use serde_json::{Map, Value, json};
+    fn put<T: Into<Value>>(m: &mut Map<String, Value>, k: &str, v: Option<T>) {
+        if let Some(v) = v {
+            m.insert(k.into(), v.into());
+        }
+    }
+    fn list(v: &[String]) -> Option<Value> {
+        (!v.is_empty()).then(|| json!(v))
+    }
+    let mut out = Map::new();
+    if let Some(c) = &a.cpu {
+        let mut m = Map::new();
+        put(&mut m, "totalCores", c.total_cores);
+        put(&mut m, "totalThreads", c.total_threads);
+        let procs: Vec<Value> = c
+            .processors
+            .iter()
+            .map(|p| {
+                let mut m = Map::new();
+                put(&mut m, "id", p.id);
+                put(&mut m, "cores", p.cores);
+                put(&mut m, "threads", p.threads);
+                put(&mut m, "vendor", p.vendor.clone());
+                put(&mut m, "model", p.model.clone());
+                put(&mut m, "capabilities", list(&p.capabilities));
+                Value::Object(m)
+            })
+            .collect();
+        if !procs.is_empty() {
+            m.insert("processors".into(), Value::Array(procs));
+        }
+        out.insert("cpu".into(), Value::Object(m));
+    }
+    if let Some(mem) = &a.memory {
+        let mut m = Map::new();
+        put(&mut m, "total", mem.total.clone());
+        put(&mut m, "usable", mem.usable.clone());
+        out.insert("memory".into(), Value::Object(m));
+    }
+    let blocks: Vec<Value> = a
+        .block
+        .iter()
+        .map(|b| {
+            let mut m = Map::new();
+            put(&mut m, "name", b.name.clone());
+            put(&mut m, "controllerType", b.controller_type.clone());
+            put(&mut m, "driveType", b.drive_type.clone());
+            put(&mut m, "size", b.size.clone());
+            put(&mut m, "physicalBlockSize", b.physical_block_size.clone());
+            put(&mut m, "vendor", b.vendor.clone());
+            put(&mut m, "model", b.model.clone());
+            put(&mut m, "wwn", b.wwn.clone());
+            put(&mut m, "serialNumber", b.serial_number.clone());
+            Value::Object(m)
+        })
+        .collect();
+    if !blocks.is_empty() {
+        out.insert("blockDevices".into(), Value::Array(blocks));
+    }
+    let nics: Vec<Value> = a
+        .network
+        .iter()
+        .map(|n| {
+            let mut m = Map::new();
+            put(&mut m, "name", n.name.clone());
+            put(&mut m, "mac", n.mac.clone());
+            put(&mut m, "speed", n.speed.clone());
+            put(&mut m, "enabledCapabilities", list(&n.enabled_capabilities));
+            Value::Object(m)
+        })
+        .collect();
+    if !nics.is_empty() {
+        out.insert("networkInterfaces".into(), Value::Array(nics));
+    }
+    let device = |vendor: &Option<String>,
+                  product: &Option<String>,
+                  class: &Option<String>,
+                  driver: &Option<String>| {
+        let mut m = Map::new();
+        put(&mut m, "vendor", vendor.clone());
+        put(&mut m, "product", product.clone());
+        put(&mut m, "class", class.clone());
+        put(&mut m, "driver", driver.clone());
+        Value::Object(m)
+    };
+    let pci: Vec<Value> = a
+        .pci
+        .iter()
+        .map(|p| device(&p.vendor, &p.product, &p.class, &p.driver))
+        .collect();
+    if !pci.is_empty() {
+        out.insert("pciDevices".into(), Value::Array(pci));
+    }
+    let gpu: Vec<Value> = a
+        .gpu
+        .iter()
+        .map(|p| device(&p.vendor, &p.product, &p.class, &p.driver))
+        .collect();
+    if !gpu.is_empty() {
+        out.insert("gpuDevices".into(), Value::Array(gpu));
+    }
+    if let Some(c) = &a.chassis {
+        out.insert(
+            "chassis".into(),
+            json!({"serial": c.serial, "vendor": c.vendor}),
+        );
+    }
+    if let Some(b) = &a.bios {
+        out.insert(
+            "bios".into(),
+            json!({"vendor": b.vendor, "version": b.version, "releaseDate": b.release_date}),
+        );
+    }
+    if let Some(b) = &a.baseboard {
+        out.insert(
+            "baseboard".into(),
+            json!({"vendor": b.vendor, "product": b.product, "version": b.version, "serialNumber": b.serial_number}),
+        );
+    }
+    if let Some(p) = &a.product {
+        out.insert(
+            "product".into(),
+            json!({"name": p.name, "vendor": p.vendor, "serialNumber": p.serial_number}),
+        );
+    }
+    // Unset members of the small structs are dropped, as omitempty does.
+    for v in out.values_mut() {
+        if let Value::Object(m) = v {
+            m.retain(|_, x| !x.is_null());
+        }
+    }
+    Value::Object(out)
+}
+
 #[tonic::async_trait]
 impl WorkflowService for Server {
     async fn get_action(
@@ -99,6 +263,9 @@ impl WorkflowService for Server {
         let req = req.into_inner();
         let agent = req.agent_id.unwrap_or_default();
         let s = self.app.services.workflow.get_action(&agent).await?;
+        if let (true, Some(hw), Some(attrs)) = (s.first, &s.hardware, &req.agent_attributes) {
+            self.keep_attributes(hw, attrs).await;
+        }
         let (task, action) = (&s.task, &s.action);
         Ok(Response::new(pb::ActionResponse {
             workflow_id: Some(agent::workflow_id(&s.workflow)),

@@ -37,6 +37,11 @@ pub struct Served {
     pub task: Task,
     pub action: Action,
     pub status: Status,
+    /// The Workflow's first action, not yet started: where upstream keeps
+    /// the agent's attributes on the Hardware.
+    pub first: bool,
+    /// The Workflow's `hardwareRef`, in its namespace.
+    pub hardware: Option<Key>,
 }
 
 /// `ns/name`, as upstream names a Workflow on the wire.
@@ -127,12 +132,21 @@ pub fn next_action(agent: &str, rows: &[WorkflowRow]) -> Result<Served, Refusal>
         action_name: Some(action.name.clone()),
         task_name: Some(task.name.clone()),
     });
+    let first = std::ptr::eq(task, &tasks[0]) && first_pending(task);
+    let hardware = row
+        .doc
+        .pointer("/spec/hardwareRef")
+        .and_then(serde_json::Value::as_str)
+        .filter(|h| !h.is_empty())
+        .map(|h| Key::new(row.key.namespace.clone(), h));
     Ok(Served {
         workflow: row.key.clone(),
         version: row.version,
         task: task.clone(),
         action: action.clone(),
         status,
+        first,
+        hardware,
     })
 }
 
