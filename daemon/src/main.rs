@@ -75,14 +75,8 @@ enum Command {
         /// hardware, template, workflow, machine, job, task
         #[arg(value_enum)]
         kind: Kind,
-        name: Option<String>,
-        #[arg(short, long)]
-        namespace: Option<String>,
-        /// Every namespace
-        #[arg(short = 'A', long, conflicts_with = "namespace")]
-        all_namespaces: bool,
-        #[arg(short, long, value_enum, default_value_t = Output::Table)]
-        output: Output,
+        #[command(flatten)]
+        list: ListArgs,
     },
     /// Delete an object (hardware, template, workflow)
     Delete {
@@ -214,6 +208,19 @@ enum ConfigCommand {
     },
 }
 
+/// `get`'s arguments after the kind.
+#[derive(clap::Args)]
+struct ListArgs {
+    name: Option<String>,
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// Every namespace
+    #[arg(short = 'A', long, conflicts_with = "namespace")]
+    all_namespaces: bool,
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum DescribeKind {
     #[value(alias = "workflows", alias = "wf")]
@@ -233,14 +240,8 @@ enum HardwareCommand {
     },
     /// List Hardware, or show one
     Get {
-        name: Option<String>,
-        #[arg(short, long)]
-        namespace: Option<String>,
-        /// Every namespace
-        #[arg(short = 'A', long, conflicts_with = "namespace")]
-        all_namespaces: bool,
-        #[arg(short, long, value_enum, default_value_t = Output::Table)]
-        output: Output,
+        #[command(flatten)]
+        list: ListArgs,
     },
     /// Delete a Hardware
     Delete {
@@ -314,19 +315,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Apply { files, atomic } => cli::apply(&target(vec![]), files, *atomic, None).await,
-        Command::Get {
-            kind,
-            name,
-            namespace,
-            all_namespaces,
-            output,
-        } => {
+        Command::Get { kind, list } => {
             let a = cli::objects::GetArgs {
                 kind: *kind,
-                name: name.as_deref(),
-                namespace: namespace.as_deref(),
-                all_namespaces: *all_namespaces,
-                output: *output,
+                name: list.name.as_deref(),
+                namespace: list.namespace.as_deref(),
+                all_namespaces: list.all_namespaces,
+                output: list.output,
             };
             cli::objects::get(&target(vec![]), a).await
         }
@@ -344,18 +339,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             HardwareCommand::Apply { files, atomic } => {
                 cli::apply(&target(vec![]), files, *atomic, Some(Kind::Hardware)).await
             }
-            HardwareCommand::Get {
-                name,
-                namespace,
-                all_namespaces,
-                output,
-            } => {
+            HardwareCommand::Get { list } => {
                 cli::get(
                     &target(vec![]),
-                    name.as_deref(),
-                    namespace.as_deref(),
-                    *all_namespaces,
-                    *output,
+                    list.name.as_deref(),
+                    list.namespace.as_deref(),
+                    list.all_namespaces,
+                    list.output,
                 )
                 .await
             }

@@ -215,27 +215,9 @@ impl BmcService {
         what: &str,
         tasks: Vec<Action>,
     ) -> Result<Key, Error> {
-        if self.store.bmc_machine(machine).await?.is_none() {
-            return Err(Error::NotFound(format!("BMC Machine {machine}")));
-        }
         let name = format!("{}-{what}-{}", machine.name, now_ms());
-        let key = Key::new(machine.namespace.clone(), name.clone());
-        let doc = json!({
-            "apiVersion": crate::bmc::model::API_VERSION, "kind": "Job",
-            "metadata": {"name": name, "namespace": machine.namespace},
-            "spec": {"machineRef": {"name": machine.name, "namespace": machine.namespace}, "tasks": tasks},
-        });
-        self.store
-            .insert_job(&NewJob {
-                key: &key,
-                kind: JobKind::Job,
-                doc: &doc,
-                machine: Some(machine),
-                connection: None,
-                tasks: &tasks,
-            })
-            .await?;
-        self.wake.notify_one();
+        let key = Key::new(machine.namespace.clone(), name);
+        self.put_job(&key, machine, tasks, false).await?;
         Ok(key)
     }
 
@@ -247,6 +229,16 @@ impl BmcService {
         machine: &Key,
         tasks: Vec<Action>,
     ) -> Result<(), Error> {
+        self.put_job(key, machine, tasks, true).await
+    }
+
+    async fn put_job(
+        &self,
+        key: &Key,
+        machine: &Key,
+        tasks: Vec<Action>,
+        replace: bool,
+    ) -> Result<(), Error> {
         if self.store.bmc_machine(machine).await?.is_none() {
             return Err(Error::NotFound(format!("BMC Machine {machine}")));
         }
@@ -255,16 +247,19 @@ impl BmcService {
             "metadata": {"name": key.name, "namespace": key.namespace},
             "spec": {"machineRef": {"name": machine.name, "namespace": machine.namespace}, "tasks": tasks},
         });
-        self.store
-            .replace_job(&NewJob {
-                key,
-                kind: JobKind::Job,
-                doc: &doc,
-                machine: Some(machine),
-                connection: None,
-                tasks: &tasks,
-            })
-            .await?;
+        let job = NewJob {
+            key,
+            kind: JobKind::Job,
+            doc: &doc,
+            machine: Some(machine),
+            connection: None,
+            tasks: &tasks,
+        };
+        if replace {
+            self.store.replace_job(&job).await?;
+        } else {
+            self.store.insert_job(&job).await?;
+        }
         self.wake.notify_one();
         Ok(())
     }
@@ -564,7 +559,8 @@ mod tests {
         let d = store.get(&key).await.unwrap().unwrap();
         assert_eq!(d["metadata"]["annotations"]["a/b"], "{\"x\":1}");
         assert!(matches!(
-            svc.annotate_once(&Key::new("default", "nope"), "a/b", "x").await,
+            svc.annotate_once(&Key::new("default", "nope"), "a/b", "x")
+                .await,
             Err(Error::NotFound(_))
         ));
     }

@@ -165,7 +165,9 @@ impl Store {
                 Doc::Secret { key, credentials } => {
                     upsert_secret(&mut tx, key, credentials).await?
                 }
-                Doc::Machine { key, doc, .. } => upsert_machine(&mut tx, key, doc).await?,
+                Doc::Machine { key, doc, .. } => {
+                    super::upsert_document(&mut tx, super::DocTable::BmcMachines, key, doc).await?
+                }
                 Doc::Job { key, doc, spec } => {
                     let m = spec.machine_key(&key.namespace);
                     let job = NewJob {
@@ -322,41 +324,6 @@ impl Store {
         .await?;
         Ok(())
     }
-}
-
-async fn upsert_machine(
-    tx: &mut SqliteConnection,
-    key: &Key,
-    doc: &Value,
-) -> Result<Outcome, StoreError> {
-    let old: Option<(String,)> =
-        sqlx::query_as("SELECT doc FROM bmc_machines WHERE namespace = ? AND name = ?")
-            .bind(&key.namespace)
-            .bind(&key.name)
-            .fetch_optional(&mut *tx)
-            .await?;
-    if let Some((o,)) = &old
-        && serde_json::from_str::<Value>(o).ok().as_ref() == Some(doc)
-    {
-        return Ok(Outcome::Unchanged);
-    }
-    let now = now_ms();
-    sqlx::query(
-        "INSERT INTO bmc_machines (namespace, name, doc, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?)
-         ON CONFLICT (namespace, name) DO UPDATE SET doc = excluded.doc, updated_ms = excluded.updated_ms",
-    )
-    .bind(&key.namespace)
-    .bind(&key.name)
-    .bind(doc.to_string())
-    .bind(now)
-    .bind(now)
-    .execute(&mut *tx)
-    .await?;
-    Ok(if old.is_some() {
-        Outcome::Configured
-    } else {
-        Outcome::Created
-    })
 }
 
 async fn secret(tx: &mut SqliteConnection, key: &Key) -> Result<Option<Credentials>, StoreError> {

@@ -85,6 +85,79 @@ impl Outcome {
     }
 }
 
+/// The tables that keep documents whole by (namespace, name), for the
+/// one upsert they share.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DocTable {
+    BmcMachines,
+    Templates,
+    Workflows,
+}
+
+/// The statements per table, static (sqlx refuses SQL built at run time).
+pub(crate) struct DocSql {
+    doc: &'static str,
+    upsert: &'static str,
+    pub(crate) delete: &'static str,
+}
+
+macro_rules! doc_sql {
+    ($table:literal) => {
+        DocSql {
+            doc: concat!("SELECT doc FROM ", $table, " WHERE namespace = ? AND name = ?"),
+            upsert: concat!(
+                "INSERT INTO ", $table, " (namespace, name, doc, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?) ",
+                "ON CONFLICT (namespace, name) DO UPDATE SET doc = excluded.doc, updated_ms = excluded.updated_ms"
+            ),
+            delete: concat!("DELETE FROM ", $table, " WHERE namespace = ? AND name = ?"),
+        }
+    };
+}
+
+impl DocTable {
+    pub(crate) fn sql(self) -> DocSql {
+        match self {
+            DocTable::BmcMachines => doc_sql!("bmc_machines"),
+            DocTable::Templates => doc_sql!("templates"),
+            DocTable::Workflows => doc_sql!("workflows"),
+        }
+    }
+}
+
+/// Create or replace a document: Unchanged when it is the same JSON.
+pub(crate) async fn upsert_document(
+    tx: &mut sqlx::SqliteConnection,
+    table: DocTable,
+    key: &Key,
+    doc: &Value,
+) -> Result<Outcome, StoreError> {
+    let sql = table.sql();
+    let old: Option<(String,)> = sqlx::query_as(sql.doc)
+        .bind(&key.namespace)
+        .bind(&key.name)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if let Some((o,)) = &old
+        && serde_json::from_str::<Value>(o).ok().as_ref() == Some(doc)
+    {
+        return Ok(Outcome::Unchanged);
+    }
+    let now = crate::clock::now_ms();
+    sqlx::query(sql.upsert)
+        .bind(&key.namespace)
+        .bind(&key.name)
+        .bind(doc.to_string())
+        .bind(now)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    Ok(if old.is_some() {
+        Outcome::Configured
+    } else {
+        Outcome::Created
+    })
+}
+
 #[derive(Clone)]
 pub struct Store {
     pool: SqlitePool,

@@ -3,12 +3,11 @@
 //! only by the engine ([`Store::save_workflow_status`]), checked against
 //! the version it read.
 
-use super::{Outcome, Store, StoreError};
+use super::{DocTable, Outcome, Store, StoreError, upsert_document};
 use crate::clock::now_ms;
 use crate::hardware::Key;
 use crate::workflow::model::{State, Status, Template, Workflow};
 use serde_json::Value;
-use sqlx::SqliteConnection;
 
 /// A stored Workflow: the document, its status and the status version.
 #[derive(Debug, Clone)]
@@ -35,28 +34,11 @@ pub enum TinkKind {
     Workflow,
 }
 
-/// The statements per table, static (sqlx refuses SQL built at run time).
-struct Sql {
-    doc: &'static str,
-    upsert: &'static str,
-    delete: &'static str,
-}
-
 impl TinkKind {
-    fn sql(self) -> Sql {
+    fn table(self) -> DocTable {
         match self {
-            TinkKind::Template => Sql {
-                doc: "SELECT doc FROM templates WHERE namespace = ? AND name = ?",
-                upsert: "INSERT INTO templates (namespace, name, doc, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?)
-                         ON CONFLICT (namespace, name) DO UPDATE SET doc = excluded.doc, updated_ms = excluded.updated_ms",
-                delete: "DELETE FROM templates WHERE namespace = ? AND name = ?",
-            },
-            TinkKind::Workflow => Sql {
-                doc: "SELECT doc FROM workflows WHERE namespace = ? AND name = ?",
-                upsert: "INSERT INTO workflows (namespace, name, doc, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?)
-                         ON CONFLICT (namespace, name) DO UPDATE SET doc = excluded.doc, updated_ms = excluded.updated_ms",
-                delete: "DELETE FROM workflows WHERE namespace = ? AND name = ?",
-            },
+            TinkKind::Template => DocTable::Templates,
+            TinkKind::Workflow => DocTable::Workflows,
         }
     }
 }
@@ -72,11 +54,11 @@ impl Store {
         let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
         let mut t_out = Vec::with_capacity(templates.len());
         for t in templates {
-            t_out.push(upsert(&mut tx, TinkKind::Template, &t.key, &t.doc).await?);
+            t_out.push(upsert_document(&mut tx, DocTable::Templates, &t.key, &t.doc).await?);
         }
         let mut w_out = Vec::with_capacity(workflows.len());
         for w in workflows {
-            w_out.push(upsert(&mut tx, TinkKind::Workflow, &w.key, &w.doc).await?);
+            w_out.push(upsert_document(&mut tx, DocTable::Workflows, &w.key, &w.doc).await?);
         }
         tx.commit().await?;
         Ok((t_out, w_out))
@@ -205,7 +187,7 @@ impl Store {
     }
 
     pub async fn delete_tink(&self, kind: TinkKind, key: &Key) -> Result<bool, StoreError> {
-        let r = sqlx::query(kind.sql().delete)
+        let r = sqlx::query(kind.table().sql().delete)
             .bind(&key.namespace)
             .bind(&key.name)
             .execute(self.pool())
@@ -230,39 +212,6 @@ fn row(
         doc,
         status,
         version,
-    })
-}
-
-async fn upsert(
-    tx: &mut SqliteConnection,
-    kind: TinkKind,
-    key: &Key,
-    doc: &Value,
-) -> Result<Outcome, StoreError> {
-    let sql = kind.sql();
-    let old: Option<(String,)> = sqlx::query_as(sql.doc)
-        .bind(&key.namespace)
-        .bind(&key.name)
-        .fetch_optional(&mut *tx)
-        .await?;
-    if let Some((o,)) = &old
-        && serde_json::from_str::<Value>(o).ok().as_ref() == Some(doc)
-    {
-        return Ok(Outcome::Unchanged);
-    }
-    let now = now_ms();
-    sqlx::query(sql.upsert)
-        .bind(&key.namespace)
-        .bind(&key.name)
-        .bind(doc.to_string())
-        .bind(now)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-    Ok(if old.is_some() {
-        Outcome::Configured
-    } else {
-        Outcome::Created
     })
 }
 
