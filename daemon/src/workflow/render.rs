@@ -38,6 +38,16 @@ pub fn render(
     hardware: Option<&Json>,
     hardware_map: &BTreeMap<String, String>,
 ) -> Result<Document, RenderError> {
+    let text = execute(data, hardware, hardware_map)?;
+    template::parse(&text).map_err(RenderError::Invalid)
+}
+
+/// The rendered text, before it is parsed.
+pub fn execute(
+    data: &str,
+    hardware: Option<&Json>,
+    hardware_map: &BTreeMap<String, String>,
+) -> Result<String, RenderError> {
     let t = Template::new("workflow-template")
         .missing_key(MissingKey::Error)
         // A bound on loops besides the output cap: `range` over a huge
@@ -54,7 +64,7 @@ pub fn render(
             RenderError::Execute(e.to_string())
         });
     }
-    template::parse(&out.out).map_err(RenderError::Invalid)
+    Ok(out.out)
 }
 
 /// A writer that fails once the output would pass the cap.
@@ -300,6 +310,24 @@ mod tests {
             let data = doc["spec"]["data"].as_str().unwrap();
             let d = render(data, Some(&hw), &hm).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(d.tasks[0].worker, "3c:ec:ef:4c:4f:54", "{name}");
+            // Byte for byte what Go's text/template writes: the text as
+            // it is, each action replaced by its value.
+            let want = data
+                .replace("{{.device_1}}", "3c:ec:ef:4c:4f:54")
+                .replace("{{ index .Hardware.Disks 0 }}", "/dev/nvme0n1")
+                .replace(
+                    "{{ formatPartition ( index .Hardware.Disks 0 ) 3 }}",
+                    "/dev/nvme0n1p3",
+                )
+                .replace(
+                    "{{ formatPartition ( index .Hardware.Disks 0 ) 1 }}",
+                    "/dev/nvme0n1p1",
+                );
+            assert!(
+                !want.contains("{{"),
+                "{name}: an action the test does not know"
+            );
+            assert_eq!(execute(data, Some(&hw), &hm).unwrap(), want, "{name}");
             n += 1;
         }
         assert_eq!(n, 4, "the corpus has four Templates");
