@@ -470,6 +470,11 @@ impl WorkflowService {
             let Some(row) = rows.iter().find(|r| r.key == served.workflow) else {
                 continue;
             };
+            // An agent asking again for the action it runs: nothing to
+            // write (no fsync per poll).
+            if row.status == served.status {
+                return Ok(served);
+            }
             match self.save_status(row, &served.status).await {
                 Ok(_) => return Ok(served),
                 Err(StoreError::Stale { .. }) => continue,
@@ -546,6 +551,41 @@ mod tests {
             "metadata": {"name": "m1", "labels": labels},
             "spec": {"interfaces": [{"dhcp": {"mac": "02:00:00:00:00:01"}}]}}))
         .unwrap()
+    }
+
+    /// GetAction writes `currentState` once; an agent polling again for
+    /// the action it runs costs no write.
+    #[tokio::test]
+    async fn asking_again_for_the_same_action_writes_nothing() {
+        use crate::workflow::{model, template};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (sink, _rx) = crate::events::channel(1 << 10, metrics.clone());
+        let wf = WorkflowService::new(store.clone(), sink, metrics, Arc::new(Notify::new()));
+        let w = model::workflow(json!({"apiVersion": model::API_VERSION, "kind": "Workflow",
+            "metadata": {"name": "wf"}, "spec": {"templateRef": "t"}}))
+        .unwrap();
+        wf.apply(&[], std::slice::from_ref(&w)).await.unwrap();
+        let doc = template::parse(
+            "name: t\ntasks: [{name: a, worker: w1, actions: [{name: x, image: bash}]}]",
+        )
+        .unwrap();
+        let mut status = model::Status::rendered(&doc);
+        status.state = model::State::Pending;
+        let row = store.workflow(&w.key).await.unwrap().unwrap();
+        wf.save_status(&row, &status).await.unwrap();
+        let v0 = store.workflow(&w.key).await.unwrap().unwrap().version;
+        let first = wf.get_action("w1").await.unwrap();
+        let v1 = store.workflow(&w.key).await.unwrap().unwrap().version;
+        assert_eq!(v1, v0 + 1, "currentState written");
+        let again = wf.get_action("w1").await.unwrap();
+        assert_eq!(again.action.id, first.action.id);
+        assert_eq!(
+            store.workflow(&w.key).await.unwrap().unwrap().version,
+            v1,
+            "no second write"
+        );
     }
 
     #[tokio::test]
