@@ -91,6 +91,20 @@ fn apply(d: &Daemon, text: &str) {
     d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
 }
 
+/// Hardware m1, Template t1 (three actions) and Workflow wf1, rendered
+/// and PENDING.
+fn pending_wf1(d: &Daemon) {
+    apply(
+        d,
+        &format!(
+            "{HW}{}{}",
+            template("t1", ONE_TASK),
+            workflow_doc("wf1", "t1", "")
+        ),
+    );
+    wait_state(d, "wf1", "PENDING");
+}
+
 fn allow_pxe(d: &Daemon) -> Value {
     let hw: Value =
         serde_json::from_str(&d.cli_ok(&["get", "hardware", "m1", "-o", "json"])).unwrap();
@@ -145,15 +159,7 @@ fn tink_agent_runs_a_workflow_to_success() {
 #[test]
 fn a_failed_action_fails_the_workflow() {
     let d = Daemon::start();
-    apply(
-        &d,
-        &format!(
-            "{HW}{}{}",
-            template("t1", ONE_TASK),
-            workflow_doc("wf1", "t1", "")
-        ),
-    );
-    wait_state(&d, "wf1", "PENDING");
+    pending_wf1(&d);
     let lines = peer(&d, &["agent", "02:00:00:00:00:01", "--fail", "write"]);
     assert!(
         lines
@@ -176,15 +182,7 @@ fn a_failed_action_fails_the_workflow() {
 #[test]
 fn timeouts_end_the_workflow() {
     let d = Daemon::start();
-    apply(
-        &d,
-        &format!(
-            "{HW}{}{}",
-            template("t1", ONE_TASK),
-            workflow_doc("wf1", "t1", "")
-        ),
-    );
-    wait_state(&d, "wf1", "PENDING");
+    pending_wf1(&d);
     peer(&d, &["agent", "02:00:00:00:00:01", "--timeout", "stream"]);
     let w = wait_state(&d, "wf1", "TIMEOUT");
     assert_eq!(w["status"]["tasks"][0]["actions"][0]["state"], "TIMEOUT");
@@ -241,15 +239,7 @@ fn two_tasks_for_two_agents() {
 #[test]
 fn tink_worker_v0_12_runs_a_workflow_to_success() {
     let d = Daemon::start();
-    apply(
-        &d,
-        &format!(
-            "{HW}{}{}",
-            template("t1", ONE_TASK),
-            workflow_doc("wf1", "t1", "")
-        ),
-    );
-    wait_state(&d, "wf1", "PENDING");
+    pending_wf1(&d);
     let lines = peer(&d, &["worker", "02:00:00:00:00:01"]);
     let served: Vec<&Value> = lines.iter().filter(|l| l["event"] == "served").collect();
     assert_eq!(served.len(), 3, "{lines:#?}");

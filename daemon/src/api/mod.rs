@@ -20,7 +20,7 @@ use crate::app::App;
 use crate::events::EventQuery;
 use crate::hardware::{self, DEFAULT_NAMESPACE, FieldError, Key};
 use crate::store::{Outcome, StoreError};
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -170,15 +170,34 @@ pub(crate) struct NsQuery {
 
 async fn list_hardware(
     State(app): State<Arc<App>>,
-    q: Result<Query<NsQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<NsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let q = query(q)?;
     let items = app.store.list(q.namespace.as_deref()).await?;
     Ok(Json(json!({
         "apiVersion": hardware::API_VERSION,
         "kind": "HardwareList",
         "items": items,
     })))
+}
+
+/// The query string, or 400 saying what is wrong with it.
+pub(crate) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(q)| q)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))
+}
+
+/// A named object, or 404 naming it (`Hardware default/m1 not found`).
+pub(crate) fn found<T>(v: Option<T>, kind: &str, k: &Key) -> Result<T, ApiError> {
+    v.ok_or_else(|| crate::services::Error::NotFound(format!("{kind} {k}")).into())
+}
+
+/// What a DELETE answers: the name, or 404.
+pub(crate) fn deleted(gone: bool, kind: &str, k: Key) -> Result<Json<Value>, ApiError> {
+    found(gone.then_some(()), kind, &k)?;
+    Ok(Json(
+        json!({"namespace": k.namespace, "name": k.name, "result": "deleted"}),
+    ))
 }
 
 pub(crate) fn key(name: String, q: NsQuery) -> Key {
@@ -191,36 +210,19 @@ pub(crate) fn key(name: String, q: NsQuery) -> Key {
 async fn get_hardware(
     State(app): State<Arc<App>>,
     Path(name): Path<String>,
-    q: Result<Query<NsQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<NsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
-    let k = key(name, q);
-    match app.store.get(&k).await? {
-        Some(doc) => Ok(Json(doc)),
-        None => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("Hardware {k} not found"),
-        )),
-    }
+    let k = key(name, query(q)?);
+    found(app.store.get(&k).await?, "Hardware", &k).map(Json)
 }
 
 async fn delete_hardware(
     State(app): State<Arc<App>>,
     Path(name): Path<String>,
-    q: Result<Query<NsQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<NsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
-    let k = key(name, q);
-    if app.services.hardware.delete(&k).await? {
-        Ok(Json(
-            json!({"namespace": k.namespace, "name": k.name, "result": "deleted"}),
-        ))
-    } else {
-        Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("Hardware {k} not found"),
-        ))
-    }
+    let k = key(name, query(q)?);
+    deleted(app.services.hardware.delete(&k).await?, "Hardware", k)
 }
 
 #[derive(Serialize)]
@@ -322,9 +324,9 @@ struct EventsQuery {
 
 async fn events(
     State(app): State<Arc<App>>,
-    q: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let q = query(q)?;
     let machine = match (q.name, q.namespace) {
         (Some(n), ns) => Some(Key::new(ns.unwrap_or_else(|| DEFAULT_NAMESPACE.into()), n)),
         (None, Some(_)) => {

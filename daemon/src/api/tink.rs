@@ -10,7 +10,7 @@
 //! DELETE /api/v1/workflows/{name}[?namespace=NS]
 //! ```
 
-use super::{ApiError, NsQuery, documents, key, locate};
+use super::{ApiError, NsQuery, deleted, documents, found, key, locate, query};
 use crate::app::App;
 use crate::hardware::{FieldError, Key};
 use crate::kinds::{Checked, check};
@@ -131,11 +131,6 @@ fn item(kind: &str, k: &Key, o: Outcome) -> Value {
     json!({"kind": kind, "namespace": k.namespace, "name": k.name, "result": o})
 }
 
-fn query(q: Result<Query<NsQuery>, QueryRejection>) -> Result<NsQuery, ApiError> {
-    q.map(|Query(q)| q)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))
-}
-
 async fn templates(
     State(app): State<Arc<App>>,
     q: Result<Query<NsQuery>, QueryRejection>,
@@ -153,11 +148,7 @@ async fn template(
     q: Result<Query<NsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let k = key(name, query(q)?);
-    app.store
-        .template(&k)
-        .await?
-        .map(Json)
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("Template {k} not found")))
+    found(app.store.template(&k).await?, "Template", &k).map(Json)
 }
 
 async fn workflows(
@@ -178,24 +169,15 @@ async fn workflow(
     q: Result<Query<NsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let k = key(name, query(q)?);
-    app.store
-        .workflow(&k)
-        .await?
-        .map(|r| Json(r.with_status()))
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("Workflow {k} not found")))
+    found(app.store.workflow(&k).await?, "Workflow", &k).map(|r| Json(r.with_status()))
 }
 
 async fn delete(app: &App, kind: TinkKind, k: Key) -> Result<Json<Value>, ApiError> {
-    if app.services.workflow.delete(kind, &k).await? {
-        Ok(Json(
-            json!({"namespace": k.namespace, "name": k.name, "result": "deleted"}),
-        ))
-    } else {
-        Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("{kind:?} {k} not found"),
-        ))
-    }
+    deleted(
+        app.services.workflow.delete(kind, &k).await?,
+        &format!("{kind:?}"),
+        k,
+    )
 }
 
 async fn delete_template(
