@@ -168,11 +168,48 @@ enum BmcCommand {
         #[arg(long)]
         no_wait: bool,
     },
+    /// Insert an ISO into the BMC's virtual media (Redfish), or eject it
+    Media {
+        name: String,
+        /// http(s) URL the BMC fetches the image from
+        #[arg(required_unless_present = "eject", conflicts_with = "eject")]
+        url: Option<String>,
+        /// Eject what is inserted
+        #[arg(long)]
+        eject: bool,
+        #[arg(long, value_enum, default_value_t = MediaKindArg::Cd)]
+        kind: MediaKindArg,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        #[arg(long)]
+        no_wait: bool,
+    },
     /// Jobs and their tasks
     Job {
         #[command(subcommand)]
         command: JobCommand,
     },
+}
+
+/// Redfish virtual media kinds, as the CLI spells them.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum MediaKindArg {
+    Cd,
+    Dvd,
+    Floppy,
+    Usb,
+}
+
+impl From<MediaKindArg> for tinkerbox::bmc::model::MediaKind {
+    fn from(k: MediaKindArg) -> Self {
+        use tinkerbox::bmc::model::MediaKind;
+        match k {
+            MediaKindArg::Cd => MediaKind::Cd,
+            MediaKindArg::Dvd => MediaKind::Dvd,
+            MediaKindArg::Floppy => MediaKind::Floppy,
+            MediaKindArg::Usb => MediaKind::UsbStick,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -383,6 +420,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
                         *device,
                         *persistent,
                         *efi,
+                        !no_wait,
+                    )
+                    .await
+                }
+                BmcCommand::Media {
+                    name,
+                    url,
+                    eject: _,
+                    kind,
+                    namespace,
+                    no_wait,
+                } => {
+                    cli::bmc::media(
+                        &t,
+                        name,
+                        namespace.as_deref(),
+                        (*kind).into(),
+                        url.as_deref(),
                         !no_wait,
                     )
                     .await

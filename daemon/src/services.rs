@@ -6,8 +6,7 @@
 //! snapshots are published in commit order and a read-modify-write cannot
 //! lose another writer's change.
 
-use crate::bmc::model::{Action, BootDeviceAction, Doc};
-use crate::bmc::{BootDevice, PowerAction};
+use crate::bmc::model::{Action, Doc};
 use crate::clock::now_ms;
 use crate::events::{Event, EventSink, Kind};
 use crate::hardware::{self, FieldError, Firmware, Hardware, Key};
@@ -264,29 +263,6 @@ impl BmcService {
         Ok(())
     }
 
-    /// The tasks of a network boot: power off, PXE once (EFI if `efi`),
-    /// power on.
-    pub fn netboot_tasks(efi: bool) -> Vec<Action> {
-        vec![
-            Action {
-                power_action: Some(PowerAction::Off),
-                ..Action::default()
-            },
-            Action {
-                boot_device: Some(BootDeviceAction {
-                    device: BootDevice::Pxe,
-                    persistent: false,
-                    efi_boot: efi,
-                }),
-                ..Action::default()
-            },
-            Action {
-                power_action: Some(PowerAction::On),
-                ..Action::default()
-            },
-        ]
-    }
-
     /// Rufio's common job for a Hardware: allow PXE on every interface that
     /// netboots, power off, boot from the network once (EFI when the
     /// Hardware says UEFI), power on. The Hardware change goes through
@@ -317,7 +293,7 @@ impl BmcService {
         let bmc_name = m.bmc.as_deref().unwrap_or_default();
         let bmc = Key::new(key.namespace.clone(), bmc_name);
         let efi = m.interfaces.iter().any(|i| i.firmware == Firmware::Uefi);
-        let tasks = Self::netboot_tasks(efi);
+        let tasks = crate::workflow::engine::netboot_tasks(efi);
         self.events.record(
             Event::new(
                 Kind::BmcNetboot,

@@ -453,3 +453,172 @@ spec:
         serde_json::from_str(&d.cli_ok(&["hardware", "get", "node-1", "-o", "json"])).unwrap();
     assert_eq!(hw["spec"]["interfaces"][0]["netboot"]["allowPXE"], true);
 }
+
+/// bootMode isoboot against sushy's virtual media: in PREPARING the BMC
+/// fetches the ISO from tinkerbox's own artifact server and boots it once;
+/// the agent runs the workflow; in POST the ISO is ejected; SUCCESS.
+#[test]
+fn a_workflow_with_boot_mode_isoboot_mounts_and_ejects_the_iso() {
+    let sushy = Sushy::start();
+    let d = Daemon::start();
+    let artifacts = d.dir.join("state/artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    std::fs::write(artifacts.join("hook.iso"), vec![0x5a_u8; 256 * 1024]).unwrap();
+    let iso = format!("http://{}/artifacts/hook.iso", d.http);
+    let wf = format!(
+        r#"---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Template
+metadata: {{name: t1}}
+spec:
+  data: |
+    name: t1
+    tasks:
+    - {{name: a, worker: "{{{{.device_1}}}}", actions: [{{name: x, image: bash}}]}}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Workflow
+metadata: {{name: wf1}}
+spec:
+  templateRef: t1
+  hardwareRef: node-1
+  hardwareMap: {{device_1: "52:54:00:88:00:01"}}
+  bootOptions: {{toggleAllowNetboot: true, bootMode: isoboot, isoURL: "{iso}"}}
+"#
+    );
+    let all = format!("{}{wf}", docs(&format!("http://127.0.0.1:{}", sushy.port)));
+    let f = write_file(&d.dir, "all.yaml", &all);
+    d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    let state = |want: &str| {
+        let start = Instant::now();
+        loop {
+            let w: Value =
+                serde_json::from_str(&d.cli_ok(&["get", "workflow", "wf1", "-o", "json"])).unwrap();
+            if w["status"]["state"] == want {
+                return w;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "wf1 not {want}: {w:#}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let w = state("PENDING");
+    assert_eq!(
+        w["status"]["bootOptions"]["jobs"]["iso-mount-wf1"]["complete"], true,
+        "{w:#}"
+    );
+    let sys = sushy.system();
+    let cd_path = format!("{}/VirtualMedia/Cd", sys["@odata.id"].as_str().unwrap());
+    let cd = sushy.get(&cd_path).unwrap();
+    assert_eq!(cd["Inserted"], true, "{cd:#}");
+    assert_eq!(cd["Image"], iso.as_str(), "{cd:#}");
+    assert_eq!(sys["Boot"]["BootSourceOverrideTarget"], "Cd", "{sys:#}");
+    sushy.wait_power("On");
+    let job: Value =
+        serde_json::from_str(&d.cli_ok(&["bmc", "job", "get", "iso-mount-wf1", "-o", "json"]))
+            .unwrap();
+    assert_eq!(job["tasks"].as_array().unwrap().len(), 5, "{job:#}");
+    // The agent runs the one action; POST ejects.
+    let lines = crate::tink::peer(&d, &["agent", "52:54:00:88:00:01"]);
+    assert!(lines.iter().any(|l| l["event"] == "served"), "{lines:#?}");
+    let w = state("SUCCESS");
+    assert_eq!(
+        w["status"]["bootOptions"]["jobs"]["iso-eject-wf1"]["complete"], true,
+        "{w:#}"
+    );
+    let cd = sushy.get(&cd_path).unwrap();
+    assert_eq!(cd["Inserted"], false, "{cd:#}");
+    assert_eq!(cd["Image"], "", "{cd:#}");
+    // The same by hand: `bmc media` inserts and ejects.
+    d.cli_ok(&["bmc", "media", "bmc-1", &iso]);
+    assert_eq!(sushy.get(&cd_path).unwrap()["Inserted"], true);
+    d.cli_ok(&["bmc", "media", "bmc-1", "--eject"]);
+    assert_eq!(sushy.get(&cd_path).unwrap()["Inserted"], false);
+    let bad = d.cli(&["bmc", "media", "bmc-1", "file:///etc/passwd"]);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("want an http:// or https:// URL"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let ev: Vec<Value> =
+        serde_json::from_str(&d.cli_ok(&["events", "node-1", "-o", "json"])).unwrap();
+    let media: Vec<&str> = ev
+        .iter()
+        .filter(|e| e["kind"] == "bmc.media")
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    assert!(
+        media.iter().any(|m| m.contains("insert http://"))
+            && media.iter().filter(|m| m.contains("eject")).count() >= 2,
+        "{media:?}"
+    );
+}
+
+/// An ISO the BMC cannot fetch fails the mount job, and the Workflow with it.
+#[test]
+fn an_iso_the_bmc_cannot_fetch_fails_the_workflow() {
+    let sushy = Sushy::start();
+    let d = Daemon::start();
+    let wf = format!(
+        r#"---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Template
+metadata: {{name: t1}}
+spec:
+  data: |
+    name: t1
+    tasks:
+    - {{name: a, worker: w, actions: [{{name: x, image: bash}}]}}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Workflow
+metadata: {{name: wf1}}
+spec:
+  templateRef: t1
+  hardwareRef: node-1
+  bootOptions: {{bootMode: iso, isoURL: "http://{}/artifacts/missing.iso"}}
+"#,
+        d.http
+    );
+    let all = format!("{}{wf}", docs(&format!("http://127.0.0.1:{}", sushy.port)));
+    let f = write_file(&d.dir, "all.yaml", &all);
+    d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    let start = Instant::now();
+    let w = loop {
+        let w: Value =
+            serde_json::from_str(&d.cli_ok(&["get", "workflow", "wf1", "-o", "json"])).unwrap();
+        if w["status"]["state"] == "FAILED" {
+            break w;
+        }
+        // The job retries with backoff before it gives up.
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "wf1 not FAILED: {w:#}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let failed = w["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "BootJobFailed")
+        .unwrap_or_else(|| panic!("{w:#}"));
+    assert!(
+        failed["message"]
+            .as_str()
+            .unwrap()
+            .contains("iso-mount-wf1"),
+        "{failed}"
+    );
+    let job: Value =
+        serde_json::from_str(&d.cli_ok(&["bmc", "job", "get", "iso-mount-wf1", "-o", "json"]))
+            .unwrap();
+    assert!(
+        job["message"].as_str().unwrap_or("").contains("404")
+            || job["message"].as_str().unwrap_or("").contains("download"),
+        "{job:#}"
+    );
+}

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Run the peer; its JSON lines.
-fn peer(d: &Daemon, args: &[&str]) -> Vec<Value> {
+pub(crate) fn peer(d: &Daemon, args: &[&str]) -> Vec<Value> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let venv = Command::new(root.join("tests/tink/grpc-venv"))
         .output()

@@ -6,6 +6,7 @@
 //! GET  /api/v1/bmc/machines[/{name}]             Machines with status (powerState, Contactable)
 //! POST /api/v1/bmc/machines/{name}/power         {"action": "on|off|soft|cycle|reset|status"} -> Job
 //! POST /api/v1/bmc/machines/{name}/bootdev       {"device": "pxe|disk|bios|cdrom", "persistent", "efi"} -> Job
+//! POST /api/v1/bmc/machines/{name}/media         {"kind": "CD", "url": "http://..." | ""} -> Job (Redfish virtual media)
 //! GET  /api/v1/bmc/jobs[/{name}]                 Jobs with per-task state
 //! POST /api/v1/hardware/{name}/netboot           allowPXE on, power off, PXE once, power on -> Job
 //! ```
@@ -33,6 +34,7 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/api/v1/bmc/machines/{name}", get(machine))
         .route("/api/v1/bmc/machines/{name}/power", post(power))
         .route("/api/v1/bmc/machines/{name}/bootdev", post(bootdev))
+        .route("/api/v1/bmc/machines/{name}/media", post(media))
         .route("/api/v1/bmc/jobs", get(jobs))
         .route("/api/v1/bmc/jobs/{name}", get(job))
         .route("/api/v1/hardware/{name}/netboot", post(netboot))
@@ -180,6 +182,57 @@ async fn bootdev(
         vec![task],
     )
     .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MediaBody {
+    #[serde(default = "cd")]
+    kind: model::MediaKind,
+    /// Empty: eject.
+    #[serde(default)]
+    url: String,
+}
+
+fn cd() -> model::MediaKind {
+    model::MediaKind::Cd
+}
+
+/// Insert an image into the BMC's virtual media, or eject it.
+async fn media(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    Query(q): Query<NsQuery>,
+    body: Result<Json<MediaBody>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(b) = body.map_err(|e| ApiError::bad_request(FieldError::new("url", e.body_text())))?;
+    if !b.url.is_empty() {
+        match url::Url::parse(&b.url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+            _ => {
+                return Err(ApiError::bad_request(FieldError::new(
+                    "url",
+                    format!(
+                        "{:?}: want an http:// or https:// URL the BMC can fetch",
+                        b.url
+                    ),
+                )));
+            }
+        }
+    }
+    let job = if b.url.is_empty() {
+        "media-eject"
+    } else {
+        "media-insert"
+    };
+    let task = Action {
+        virtual_media_action: Some(model::VirtualMediaAction {
+            kind: b.kind,
+            media_url: b.url,
+        }),
+        ..Action::default()
+    };
+    start_job(&app, &key(name, q), job, vec![task]).await
 }
 
 #[derive(Deserialize)]

@@ -93,6 +93,19 @@ pub async fn set_boot_device(
     .await
 }
 
+/// IPMI has no virtual media (vendors put it in OEM web interfaces): the
+/// job's next protocol, Redfish, is the one that can.
+pub async fn virtual_media(
+    _t: &Target,
+    kind: super::model::MediaKind,
+    _url: &str,
+) -> Result<(), BmcError> {
+    Err(BmcError::Unsupported(format!(
+        "virtual media ({}) is not part of IPMI: give the Machine a Redfish connection (host http(s)://..., or providerOptions.preferredOrder with redfish)",
+        kind.as_str()
+    )))
+}
+
 /// The boot device override as the BMC reports it (Get System Boot Options,
 /// parameter 5).
 pub async fn boot_device(t: &Target) -> Result<BootOverride, BmcError> {

@@ -113,6 +113,9 @@ async fn act(p: &dyn Protocol, t: &Target, a: &Action) -> Result<Option<PowerSta
             .await
             .map(|_| None);
     }
+    if let Some(v) = &a.virtual_media_action {
+        return p.virtual_media(t, v.kind, &v.media_url).await.map(|_| None);
+    }
     Err(BmcError::Protocol("a task with no action".into()))
 }
 
@@ -136,14 +139,23 @@ async fn try_each(
         message: "no protocol to try".into(),
         auth: false,
     };
+    let mut tried = false;
     for (p, t) in ways {
         match tokio::time::timeout(timeout + Duration::from_secs(1), act(*p, t, a)).await {
             Ok(Ok(power)) => return Ok((power, p.name())),
             Ok(Err(e)) => {
                 fail.auth |= matches!(e, BmcError::Auth(_));
-                fail.message = format!("{}: {e}", p.name());
+                // A protocol without the operation says less than one
+                // that tried it and failed.
+                if !matches!(e, BmcError::Unsupported(_)) || !tried {
+                    fail.message = format!("{}: {e}", p.name());
+                }
+                tried |= !matches!(e, BmcError::Unsupported(_));
             }
-            Err(_) => fail.message = format!("{}: no answer within {timeout:?}", p.name()),
+            Err(_) => {
+                fail.message = format!("{}: no answer within {timeout:?}", p.name());
+                tried = true;
+            }
         }
     }
     Err(fail)
@@ -438,6 +450,8 @@ impl Runner {
         let Some(s) = subject else { return };
         let kind = if a.power_action.is_some() {
             Kind::BmcPower
+        } else if a.virtual_media_action.is_some() {
+            Kind::BmcMedia
         } else {
             Kind::BmcBootdev
         };
@@ -581,5 +595,74 @@ mod tests {
         let t = ways(&conn("http://[fd00::5]:8000", None));
         assert_eq!((t[0].1.host.as_str(), t[0].1.port), ("fd00::5", Some(8000)));
         assert!(targets(&conn("http://h/x", None), "u", "p", Duration::from_secs(1)).is_err());
+    }
+
+    /// A protocol that answers every call with one error.
+    struct Failing(&'static str, fn() -> BmcError);
+
+    impl Protocol for Failing {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn power<'a>(&'a self, _: &'a Target, _: PowerAction) -> crate::bmc::Call<'a, PowerState> {
+            let e = (self.1)();
+            Box::pin(async move { Err(e) })
+        }
+        fn set_boot_device<'a>(
+            &'a self,
+            _: &'a Target,
+            _: crate::bmc::BootDevice,
+            _: bool,
+            _: bool,
+        ) -> crate::bmc::Call<'a, ()> {
+            let e = (self.1)();
+            Box::pin(async move { Err(e) })
+        }
+        fn virtual_media<'a>(
+            &'a self,
+            _: &'a Target,
+            _: crate::bmc::model::MediaKind,
+            _: &'a str,
+        ) -> crate::bmc::Call<'a, ()> {
+            let e = (self.1)();
+            Box::pin(async move { Err(e) })
+        }
+    }
+
+    static NO_MEDIA: Failing = Failing("ipmi", || BmcError::Unsupported("no virtual media".into()));
+    static REFUSED: Failing = Failing("redfish", || {
+        BmcError::Protocol("HTTP 400: bad image".into())
+    });
+
+    /// The error a job reports is the one of a protocol that tried, not of
+    /// one that cannot do the operation, whatever their order.
+    #[tokio::test]
+    async fn an_unsupported_operation_does_not_hide_the_real_error() {
+        let c = conn("10.0.0.9", None);
+        let t = targets(&c, "u", "p", Duration::from_secs(1)).unwrap()[0]
+            .1
+            .clone();
+        let a = Action {
+            virtual_media_action: Some(crate::bmc::model::VirtualMediaAction {
+                kind: crate::bmc::model::MediaKind::Cd,
+                media_url: "http://x/a.iso".into(),
+            }),
+            ..Action::default()
+        };
+        for order in [[&NO_MEDIA, &REFUSED], [&REFUSED, &NO_MEDIA]] {
+            let ways: Vec<Way> = order
+                .iter()
+                .map(|p| (*p as &'static dyn Protocol, t.clone()))
+                .collect();
+            let Err(f) = try_each(&ways, &a, Duration::from_secs(1)).await else {
+                panic!("succeeded")
+            };
+            assert_eq!(f.message, "redfish: HTTP 400: bad image");
+        }
+        let only: Vec<Way> = vec![(&NO_MEDIA as &'static dyn Protocol, t)];
+        let Err(f) = try_each(&only, &a, Duration::from_secs(1)).await else {
+            panic!("succeeded")
+        };
+        assert_eq!(f.message, "ipmi: no virtual media");
     }
 }

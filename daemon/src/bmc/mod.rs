@@ -3,7 +3,7 @@
 //! (this module); jobs of ordered tasks drive them.
 
 /// `pub struct $ty`, the [`Protocol`] whose calls are the invoking
-/// module's `power` and `set_boot_device` functions.
+/// module's `power`, `set_boot_device` and `virtual_media` functions.
 macro_rules! protocol {
     ($ty:ident, $name:literal) => {
         #[doc = concat!("The ", $name, " protocol, for the job runner.")]
@@ -30,6 +30,15 @@ macro_rules! protocol {
                 efi: bool,
             ) -> super::Call<'a, ()> {
                 Box::pin(set_boot_device(t, dev, persistent, efi))
+            }
+
+            fn virtual_media<'a>(
+                &'a self,
+                t: &'a Target,
+                kind: super::model::MediaKind,
+                url: &'a str,
+            ) -> super::Call<'a, ()> {
+                Box::pin(virtual_media(t, kind, url))
             }
         }
     };
@@ -64,6 +73,15 @@ pub trait Protocol: Send + Sync {
         dev: BootDevice,
         persistent: bool,
         efi: bool,
+    ) -> Call<'a, ()>;
+
+    /// Insert `url` into the virtual media of `kind` (eject what is in it
+    /// first), or eject it when `url` is empty.
+    fn virtual_media<'a>(
+        &'a self,
+        t: &'a Target,
+        kind: model::MediaKind,
+        url: &'a str,
     ) -> Call<'a, ()>;
 }
 
@@ -191,6 +209,9 @@ pub enum BmcError {
     /// Reachable but refused or failed the request.
     #[error("{0}")]
     Protocol(String),
+    /// The protocol has no such operation (IPMI and virtual media).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }

@@ -133,7 +133,7 @@ pub struct RedfishOptions {
     pub system_name: Option<String>,
 }
 
-/// One step of a Job (exactly one of the three set).
+/// One step of a Job (exactly one of the four set).
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Action {
@@ -144,6 +144,42 @@ pub struct Action {
     /// Deprecated in Rufio, still accepted: a one-time boot device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub one_time_boot_device_action: Option<OneTimeBootDeviceAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtual_media_action: Option<VirtualMediaAction>,
+}
+
+/// Insert (a URL) or eject (no URL) the virtual media of one kind:
+/// Redfish `VirtualMedia.InsertMedia`/`EjectMedia`; IPMI has no such thing.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMediaAction {
+    pub kind: MediaKind,
+    #[serde(rename = "mediaURL", default, skip_serializing_if = "String::is_empty")]
+    pub media_url: String,
+}
+
+/// Redfish `MediaTypes` values Rufio accepts as a `kind`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+pub enum MediaKind {
+    #[serde(rename = "CD")]
+    Cd,
+    #[serde(rename = "DVD")]
+    Dvd,
+    Floppy,
+    #[serde(rename = "USBStick")]
+    UsbStick,
+}
+
+impl MediaKind {
+    /// As Redfish spells it in `MediaTypes`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MediaKind::Cd => "CD",
+            MediaKind::Dvd => "DVD",
+            MediaKind::Floppy => "Floppy",
+            MediaKind::UsbStick => "USBStick",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -175,6 +211,13 @@ impl Action {
     }
 
     pub fn describe(&self) -> String {
+        if let Some(v) = &self.virtual_media_action {
+            return if v.media_url.is_empty() {
+                format!("virtual media {}: eject", v.kind.as_str())
+            } else {
+                format!("virtual media {}: insert {}", v.kind.as_str(), v.media_url)
+            };
+        }
         match (&self.power_action, self.boot()) {
             (Some(p), _) => format!("power {}", p.as_str()),
             (None, Some((d, persistent, efi))) => format!(
@@ -391,29 +434,37 @@ fn check_tasks(tasks: &[Action], field: &str) -> Result<(), FieldError> {
         return Err(FieldError::new(field, "at least one task"));
     }
     for (i, t) in tasks.iter().enumerate() {
-        let n = t.power_action.is_some() as u8
-            + t.boot_device.is_some() as u8
-            + t.one_time_boot_device_action.is_some() as u8;
         let f = if tasks.len() == 1 && !field.ends_with("tasks") {
             field.to_string()
         } else {
             format!("{field}[{i}]")
         };
-        if n != 1 {
-            return Err(FieldError::new(
-                f,
-                "exactly one of powerAction, bootDevice, oneTimeBootDeviceAction",
-            ));
-        }
-        if t.one_time_boot_device_action
-            .as_ref()
-            .is_some_and(|o| o.device.is_empty())
-        {
-            return Err(FieldError::new(
-                format!("{f}.oneTimeBootDeviceAction.device"),
-                "at least one device",
-            ));
-        }
+        check_action(t, &f)?;
+    }
+    Ok(())
+}
+
+/// One action: exactly one thing to do, and what it needs. Also checks a
+/// Workflow's `custombootConfig` actions.
+pub fn check_action(t: &Action, f: &str) -> Result<(), FieldError> {
+    let n = t.power_action.is_some() as u8
+        + t.boot_device.is_some() as u8
+        + t.one_time_boot_device_action.is_some() as u8
+        + t.virtual_media_action.is_some() as u8;
+    if n != 1 {
+        return Err(FieldError::new(
+            f,
+            "exactly one of powerAction, bootDevice, oneTimeBootDeviceAction, virtualMediaAction",
+        ));
+    }
+    if t.one_time_boot_device_action
+        .as_ref()
+        .is_some_and(|o| o.device.is_empty())
+    {
+        return Err(FieldError::new(
+            format!("{f}.oneTimeBootDeviceAction.device"),
+            "at least one device",
+        ));
     }
     Ok(())
 }
@@ -485,6 +536,34 @@ mod tests {
                 .field,
             "apiVersion"
         );
+    }
+
+    #[test]
+    fn virtual_media_actions() {
+        let j = "apiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Job\nmetadata: {name: j}\nspec:\n  machineRef: {name: m}\n  tasks:\n  - virtualMediaAction: {kind: CD, mediaURL: \"http://10.0.0.1/a.iso\"}\n  - virtualMediaAction: {kind: CD}\n";
+        let Ok(Doc::Job { spec, .. }) = one(j) else {
+            panic!("{:?}", one(j))
+        };
+        assert_eq!(
+            spec.tasks[0].describe(),
+            "virtual media CD: insert http://10.0.0.1/a.iso"
+        );
+        assert_eq!(spec.tasks[1].describe(), "virtual media CD: eject");
+        // Read back as Rufio writes it: no mediaURL when ejecting.
+        assert_eq!(
+            serde_json::to_value(&spec.tasks[1]).unwrap(),
+            serde_json::json!({"virtualMediaAction": {"kind": "CD"}})
+        );
+        let bad = j.replace("kind: CD, ", "kind: Tape, ");
+        assert_eq!(
+            one(&bad).unwrap_err().field,
+            "spec.tasks[0].virtualMediaAction.kind"
+        );
+        let two = j.replace(
+            "- virtualMediaAction: {kind: CD}",
+            "- {virtualMediaAction: {kind: CD}, powerAction: \"on\"}",
+        );
+        assert_eq!(one(&two).unwrap_err().field, "spec.tasks[1]");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Redfish client: power (`ComputerSystem.Reset`) and boot override (`PATCH`
-//! of `Boot`) on one ComputerSystem, as Rufio does through bmclib.
+//! Redfish client: power (`ComputerSystem.Reset`), boot override (`PATCH`
+//! of `Boot`) and virtual media (`VirtualMedia.InsertMedia`/`EjectMedia`)
+//! on one ComputerSystem, as Rufio does through bmclib.
 //!
 //! Each call is one short conversation: read the service root, log in (a
 //! session, or HTTP Basic), find the system, act, log out. Nothing is cached
@@ -7,6 +8,7 @@
 //! state behind. Hand-written over reqwest + serde_json: the handful of
 //! resources used here does not justify a Redfish crate.
 
+use super::model::MediaKind;
 use super::{BmcError, BootDevice, PowerAction, PowerState, Target};
 use reqwest::header::{self, HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
@@ -55,6 +57,18 @@ pub async fn set_boot_device(
 ) -> Result<(), BmcError> {
     let (conn, root) = Conn::open(t).await?;
     let result = conn.set_boot_device(&root, dev, persistent, efi).await;
+    conn.close().await;
+    result
+}
+
+/// Insert `url` into the system's first virtual media device that takes
+/// `kind` (ejecting what it holds first: BMCs refuse an insert into a full
+/// drive), or only eject when `url` is empty. The device is looked for in
+/// the system's `VirtualMedia` (Redfish 2019.4 and later, sushy-tools) and
+/// then in its managers' (older BMCs: iDRAC, iLO 5), as bmclib does.
+pub async fn virtual_media(t: &Target, kind: MediaKind, url: &str) -> Result<(), BmcError> {
+    let (conn, root) = Conn::open(t).await?;
+    let result = conn.virtual_media(&root, kind, url).await;
     conn.close().await;
     result
 }
@@ -632,13 +646,7 @@ impl<'a> Conn<'a> {
     /// `@odata.id` of each member of a collection.
     async fn members(&self, coll: &str) -> Result<Vec<String>, BmcError> {
         let v = self.get(coll).await?;
-        Ok(v.get("Members")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|m| m.get("@odata.id").and_then(Value::as_str))
-            .map(str::to_string)
-            .collect())
+        Ok(odata_ids(v.get("Members")))
     }
 
     async fn power(&self, root: &Value, action: PowerAction) -> Result<PowerState, BmcError> {
@@ -781,6 +789,86 @@ impl<'a> Conn<'a> {
         )))
     }
 
+    async fn virtual_media(
+        &self,
+        root: &Value,
+        kind: MediaKind,
+        url: &str,
+    ) -> Result<(), BmcError> {
+        let sys = self.system(root).await?;
+        let mut collections: Vec<String> = sys
+            .json
+            .pointer("/VirtualMedia/@odata.id")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .into_iter()
+            .collect();
+        let mut managers = odata_ids(sys.json.pointer("/Links/ManagedBy"));
+        if managers.is_empty()
+            && let Some(coll) = root.pointer("/Managers/@odata.id").and_then(Value::as_str)
+        {
+            managers = self.members(coll).await.unwrap_or_default();
+        }
+        for m in managers.iter().take(MAX_MANAGERS) {
+            if let Ok(v) = self.get(m).await
+                && let Some(p) = v.pointer("/VirtualMedia/@odata.id").and_then(Value::as_str)
+            {
+                collections.push(p.to_string());
+            }
+        }
+        let mut seen = vec![];
+        for coll in &collections {
+            let Ok(devices) = self.members(coll).await else {
+                continue;
+            };
+            for path in devices.into_iter().take(MAX_MEDIA_DEVICES) {
+                let dev = self.get(&path).await?;
+                let types = odata_strings(dev.get("MediaTypes"));
+                if !types.iter().any(|t| t.eq_ignore_ascii_case(kind.as_str())) {
+                    seen.push(format!("{path} ({})", types.join(", ")));
+                    continue;
+                }
+                if holds_media(&dev) {
+                    self.media_action(&path, &dev, "EjectMedia", json!({}))
+                        .await?;
+                }
+                if url.is_empty() {
+                    return Ok(());
+                }
+                let body = json!({ "Image": url, "Inserted": true, "WriteProtected": true });
+                return self.media_action(&path, &dev, "InsertMedia", body).await;
+            }
+        }
+        Err(BmcError::Protocol(format!(
+            "BMC at {} has no virtual media device for {} (found: {})",
+            self.origin,
+            kind.as_str(),
+            if seen.is_empty() {
+                "none".to_string()
+            } else {
+                seen.join("; ")
+            }
+        )))
+    }
+
+    /// `POST` a device's `VirtualMedia.<action>`, at the target it names.
+    async fn media_action(
+        &self,
+        path: &str,
+        dev: &Value,
+        action: &str,
+        body: Value,
+    ) -> Result<(), BmcError> {
+        let target = media_target(path, dev, action);
+        let r = self.send(Method::POST, &target, Some(&body), None).await?;
+        if r.status.is_success() {
+            tracing::debug!(bmc = %self.origin, action, device = path, "Redfish virtual media");
+            Ok(())
+        } else {
+            Err(self.status_error(&Method::POST, &target, &r))
+        }
+    }
+
     async fn boot_override(
         &self,
         root: &Value,
@@ -805,6 +893,54 @@ impl<'a> Conn<'a> {
             .ok_or_else(|| missing("BootSourceOverrideEnabled"))?;
         Ok((target, enabled, field("BootSourceOverrideMode")))
     }
+}
+
+/// A BMC with more managers or media devices than this is not one.
+const MAX_MANAGERS: usize = 16;
+const MAX_MEDIA_DEVICES: usize = 32;
+
+/// The `@odata.id` of each link in a list of links.
+fn odata_ids(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("@odata.id").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect()
+}
+
+fn odata_strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect()
+}
+
+/// A device holds media when it says `Inserted`, or names an image
+/// (some BMCs leave `Inserted` out).
+fn holds_media(dev: &Value) -> bool {
+    dev.get("Inserted")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+        || dev
+            .get("Image")
+            .and_then(Value::as_str)
+            .is_some_and(|i| !i.is_empty())
+}
+
+/// The action's `target` as the device gives it, else where DSP0266 puts it.
+fn media_target(path: &str, dev: &Value, action: &str) -> String {
+    dev.pointer(&format!("/Actions/#VirtualMedia.{action}/target"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            format!(
+                "{}/Actions/VirtualMedia.{action}",
+                path.trim_end_matches('/')
+            )
+        })
 }
 
 /// Where the service root says sessions are created; `None` without a
@@ -898,6 +1034,34 @@ mod tests {
             json!({"Boot": {"BootSourceOverrideTarget": "Cd",
                 "BootSourceOverrideEnabled": "Continuous"}})
         );
+    }
+
+    #[test]
+    fn virtual_media_devices() {
+        let cd = json!({
+            "MediaTypes": ["CD", "DVD"],
+            "Inserted": false,
+            "Image": "",
+            "Actions": {"#VirtualMedia.InsertMedia": {"target": "/redfish/v1/Systems/s/VirtualMedia/Cd/Actions/VirtualMedia.InsertMedia"}}
+        });
+        assert!(!holds_media(&cd));
+        assert!(holds_media(&json!({"Inserted": true})));
+        assert!(holds_media(&json!({"Image": "http://x/a.iso"})));
+        assert_eq!(
+            media_target("/redfish/v1/Systems/s/VirtualMedia/Cd", &cd, "InsertMedia"),
+            "/redfish/v1/Systems/s/VirtualMedia/Cd/Actions/VirtualMedia.InsertMedia"
+        );
+        assert_eq!(
+            media_target("/redfish/v1/Managers/1/VirtualMedia/2/", &cd, "EjectMedia"),
+            "/redfish/v1/Managers/1/VirtualMedia/2/Actions/VirtualMedia.EjectMedia"
+        );
+        assert_eq!(
+            odata_ids(Some(
+                &json!([{"@odata.id": "/a"}, {"x": 1}, {"@odata.id": "/b"}])
+            )),
+            ["/a", "/b"]
+        );
+        assert_eq!(odata_strings(cd.get("MediaTypes")), ["CD", "DVD"]);
     }
 
     #[test]

@@ -172,6 +172,20 @@ pub async fn bootdev(
     .await
 }
 
+/// Insert `url` into the BMC's virtual media of `kind`, or eject (`None`).
+pub async fn media(
+    t: &Target,
+    name: &str,
+    namespace: Option<&str>,
+    kind: crate::bmc::model::MediaKind,
+    url: Option<&str>,
+    wait: bool,
+) -> anyhow::Result<()> {
+    let path = format!("/api/v1/bmc/machines/{}/media", encode(name));
+    let body = json!({ "kind": kind, "url": url.unwrap_or("") });
+    run_job(t, path, namespace, body, wait).await
+}
+
 pub async fn netboot(
     t: &Target,
     name: &str,

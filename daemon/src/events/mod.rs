@@ -75,6 +75,8 @@ pub enum Kind {
     BmcPower,
     #[serde(rename = "bmc.bootdev")]
     BmcBootdev,
+    #[serde(rename = "bmc.media")]
+    BmcMedia,
     #[serde(rename = "bmc.failed")]
     BmcFailed,
     #[serde(rename = "bmc.power_changed")]
@@ -118,6 +120,7 @@ impl Kind {
             Kind::BmcNetboot => "bmc.netboot",
             Kind::BmcPower => "bmc.power",
             Kind::BmcBootdev => "bmc.bootdev",
+            Kind::BmcMedia => "bmc.media",
             Kind::BmcFailed => "bmc.failed",
             Kind::BmcPowerChanged => "bmc.power_changed",
             Kind::WorkflowState => "workflow.state",

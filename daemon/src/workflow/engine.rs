@@ -8,19 +8,23 @@
 //!   `TemplateRenderedSuccess` condition, retried on every pass, as
 //!   tink-controller requeues.
 //! - PREPARING: `toggleAllowNetboot` sets allowPXE on every interface of
-//!   the Hardware; `bootMode: netboot` runs the BMC job `netboot-<workflow>`
-//!   (power off, PXE once, power on) on the Hardware's bmcRef and waits for
-//!   it; then PENDING. `iso`/`isoboot`/`customboot` are not done yet: such a
-//!   Workflow stays PREPARING with a condition saying so.
+//!   the Hardware; a `bootMode` runs its BMC job on the Hardware's bmcRef
+//!   and waits for it: `netboot-<wf>` (power off, PXE once, power on),
+//!   `iso-mount-<wf>` (off, eject, insert isoURL, CD once, on) or
+//!   `customboot-preparing-<wf>` (the user's actions); then PENDING.
 //! - RUNNING: the global timeout (`globalExecutionStop`, set when the
 //!   engine first sees it running) ends it in TIMEOUT.
-//! - POST: allowPXE back off if it was toggled, then SUCCESS.
+//! - POST: allowPXE back off if it was toggled; `iso-eject-<wf>` or
+//!   `customboot-post-<wf>`; then SUCCESS.
 
 use super::model::{
     BootMode, BootOptionsStatus, Condition, JobStatus, State, Status, TemplateRendering,
     WorkflowSpec,
 };
 use super::render;
+use crate::bmc::model::{Action, MediaKind, OneTimeBootDeviceAction, VirtualMediaAction};
+use crate::bmc::{BootDevice, PowerAction};
+use crate::hardware::Key;
 use crate::services::Services;
 use crate::store::bmc::State as JobState;
 use crate::store::workflow::WorkflowRow;
@@ -87,31 +91,134 @@ pub fn render_step(
 }
 
 /// What a step asks of the world besides the status.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
     /// Set `netboot.allowPXE` on every interface of the Workflow's Hardware.
     AllowPxe(bool),
-    /// (Re)create the BMC job `name`: off, PXE once (EFI if `efi`), on, on
-    /// BMC Machine `bmc` (the Hardware's bmcRef).
-    NetbootJob {
+    /// (Re)create the BMC job `name` with `tasks`, on BMC Machine `bmc`
+    /// (the Hardware's bmcRef).
+    BmcJob {
         name: String,
         bmc: String,
-        efi: bool,
+        tasks: Vec<Action>,
     },
 }
 
-/// What a step reads besides the Workflow: the Hardware's bmcRef and
-/// firmware, and the state of the Workflow's boot job, if any.
+/// What a step reads besides the Workflow: its Hardware (for the bmcRef,
+/// the firmware and customboot's templates) and the state of the BMC job
+/// of this phase ([`phase_job`]), if it exists.
 #[derive(Debug, Clone, Default)]
 pub struct Context {
-    pub bmc_ref: Option<String>,
-    pub efi: bool,
+    pub hardware: Option<Value>,
     pub job: Option<JobState>,
 }
 
 /// `netboot-<workflow>`, as tink-controller names it.
 pub fn job_name(kind: &str, workflow: &str) -> String {
     format!("{kind}-{workflow}")
+}
+
+/// The BMC job the Workflow's bootMode runs in its current state, named
+/// as tink-controller names it: `netboot-`, `iso-mount-` or
+/// `customboot-preparing-` in PREPARING; `iso-eject-` or `customboot-post-`
+/// in POST.
+pub fn phase_job(workflow: &str, spec: &WorkflowSpec, state: State) -> Option<String> {
+    let kind = match (state, spec.boot_options.boot_mode?) {
+        (State::Preparing, BootMode::Netboot) => "netboot",
+        (State::Preparing, BootMode::Iso | BootMode::Isoboot) => "iso-mount",
+        (State::Preparing, BootMode::Customboot) => "customboot-preparing",
+        (State::Post, BootMode::Iso | BootMode::Isoboot) => "iso-eject",
+        (State::Post, BootMode::Customboot) => "customboot-post",
+        _ => return None,
+    };
+    Some(job_name(kind, workflow))
+}
+
+/// A network boot: power off, PXE once (EFI if `efi`), power on.
+pub fn netboot_tasks(efi: bool) -> Vec<Action> {
+    vec![
+        power(PowerAction::Off),
+        Action {
+            one_time_boot_device_action: Some(OneTimeBootDeviceAction {
+                device: vec![BootDevice::Pxe],
+                efi_boot: efi,
+            }),
+            ..Action::default()
+        },
+        power(PowerAction::On),
+    ]
+}
+
+fn power(p: PowerAction) -> Action {
+    Action {
+        power_action: Some(p),
+        ..Action::default()
+    }
+}
+
+fn media(url: &str) -> Action {
+    Action {
+        virtual_media_action: Some(VirtualMediaAction {
+            kind: MediaKind::Cd,
+            media_url: url.into(),
+        }),
+        ..Action::default()
+    }
+}
+
+/// The tasks of the phase's job, as tink-controller builds them; an error
+/// is the reason the Workflow fails.
+fn phase_tasks(spec: &WorkflowSpec, state: State, hw: &Value) -> Result<Vec<Action>, String> {
+    let efi = hw
+        .pointer("/spec/interfaces")
+        .and_then(Value::as_array)
+        .is_some_and(|i| {
+            i.iter()
+                .any(|i| i.pointer("/dhcp/uefi") == Some(&Value::Bool(true)))
+        });
+    let b = &spec.boot_options;
+    let custom = |actions: &[Action]| {
+        actions
+            .iter()
+            .map(|a| {
+                let mut a = a.clone();
+                if let Some(v) = a.virtual_media_action.as_mut() {
+                    v.media_url = render::action_text(&v.media_url, hw)
+                        .map_err(|e| format!("failed to template actions: {e}"))?;
+                }
+                Ok(a)
+            })
+            .collect::<Result<Vec<_>, String>>()
+    };
+    match (state, b.boot_mode) {
+        (State::Preparing, Some(BootMode::Netboot)) => Ok(netboot_tasks(efi)),
+        (State::Preparing, Some(BootMode::Iso | BootMode::Isoboot)) => {
+            let url = b
+                .iso_url
+                .as_deref()
+                .filter(|u| !u.is_empty())
+                .ok_or("iso url must be a valid url")?;
+            Ok(vec![
+                power(PowerAction::Off),
+                media(""),
+                media(url),
+                Action {
+                    one_time_boot_device_action: Some(OneTimeBootDeviceAction {
+                        device: vec![BootDevice::Cdrom],
+                        efi_boot: efi,
+                    }),
+                    ..Action::default()
+                },
+                power(PowerAction::On),
+            ])
+        }
+        (State::Post, Some(BootMode::Iso | BootMode::Isoboot)) => Ok(vec![media("")]),
+        (State::Preparing, Some(BootMode::Customboot)) => {
+            custom(&b.customboot_config.preparing_actions)
+        }
+        (State::Post, Some(BootMode::Customboot)) => custom(&b.customboot_config.post_actions),
+        _ => Ok(vec![]),
+    }
 }
 
 /// PREPARING, POST and RUNNING: the next status and what to do first.
@@ -132,52 +239,44 @@ pub fn step(
         .allow_netboot
         .clone();
     match status.state {
-        State::Preparing => {
+        State::Preparing | State::Post => {
+            let preparing = status.state == State::Preparing;
             let mut effects = vec![];
-            if spec.boot_options.toggle_allow_netboot && !toggled.toggled_true {
-                effects.push(Effect::AllowPxe(true));
+            let (want, done_flag) = if preparing {
+                (true, toggled.toggled_true)
+            } else {
+                (false, toggled.toggled_false)
+            };
+            if spec.boot_options.toggle_allow_netboot && !done_flag {
+                effects.push(Effect::AllowPxe(want));
                 if let Some(b) = s.boot_options.as_mut() {
-                    b.allow_netboot.toggled_true = true;
+                    if want {
+                        b.allow_netboot.toggled_true = true;
+                    } else {
+                        b.allow_netboot.toggled_false = true;
+                    }
                 }
+                let (kind, message) = if want {
+                    ("AllowNetbootTrue", "allowPXE set on every interface")
+                } else {
+                    ("AllowNetbootFalse", "allowPXE cleared on every interface")
+                };
                 set_condition(
                     &mut s,
-                    named(
-                        "AllowNetbootTrue",
-                        true,
-                        "Complete",
-                        "allowPXE set on every interface".into(),
-                        &stamp,
-                    ),
+                    named(kind, true, "Complete", message.into(), &stamp),
                 );
             }
-            match spec.boot_options.boot_mode {
-                None => {}
-                Some(BootMode::Netboot) => {
-                    let name = job_name("netboot", workflow);
-                    let changed = netboot(&mut s, &mut effects, &name, ctx, &stamp);
-                    if s.state == State::Preparing {
-                        return (changed || !effects.is_empty()).then_some((s, effects));
-                    }
-                    return Some((s, effects));
-                }
-                Some(mode) => {
-                    let changed = set_condition(
-                        &mut s,
-                        named(
-                            "BootJobSetupFailed",
-                            true,
-                            "NotSupported",
-                            format!(
-                                "bootMode {mode:?} is not supported by this tinkerbox yet; power the machine on to network-boot it, or remove bootMode"
-                            ),
-                            &stamp,
-                        ),
-                    );
-                    return (changed || !effects.is_empty()).then_some((s, effects));
-                }
-            }
-            s.state = State::Pending;
-            Some((s, effects))
+            let next = if preparing {
+                State::Pending
+            } else {
+                State::Success
+            };
+            let Some(name) = phase_job(workflow, spec, status.state) else {
+                s.state = next;
+                return Some((s, effects));
+            };
+            let changed = boot_job(&mut s, &mut effects, &name, spec, ctx, next, &stamp);
+            (changed || !effects.is_empty()).then_some((s, effects))
         }
         State::Running => {
             let timeout = status.global_timeout.unwrap_or(0);
@@ -201,53 +300,51 @@ pub fn step(
                 _ => None,
             }
         }
-        State::Post => {
-            let mut effects = vec![];
-            if spec.boot_options.toggle_allow_netboot && !toggled.toggled_false {
-                effects.push(Effect::AllowPxe(false));
-                if let Some(b) = s.boot_options.as_mut() {
-                    b.allow_netboot.toggled_false = true;
-                }
-                set_condition(
-                    &mut s,
-                    named(
-                        "AllowNetbootFalse",
-                        true,
-                        "Complete",
-                        "allowPXE cleared on every interface".into(),
-                        &stamp,
-                    ),
-                );
-            }
-            s.state = State::Success;
-            Some((s, effects))
-        }
         _ => None,
     }
 }
 
-/// The netboot job of PREPARING: create it once, then follow it to
-/// PENDING (completed) or FAILED. True when the status changed.
-fn netboot(
+/// The boot job of PREPARING or POST: create it once, then follow it to
+/// `next` (completed) or FAILED. A phase with no tasks (customboot without
+/// actions) goes straight to `next`. True when the status changed.
+fn boot_job(
     s: &mut Status,
     effects: &mut Vec<Effect>,
     name: &str,
+    spec: &WorkflowSpec,
     ctx: &Context,
+    next: State,
     stamp: &str,
 ) -> bool {
-    let Some(bmc) = ctx.bmc_ref.clone() else {
+    let fail = |s: &mut Status, kind: &str, message: String| {
         s.state = State::Failed;
-        set_condition(
+        set_condition(s, named(kind, true, "Error", message, stamp));
+        true
+    };
+    let Some(hw) = &ctx.hardware else {
+        return fail(
             s,
-            named(
-                "BootJobSetupFailed",
-                true,
-                "Error",
-                "bootMode netboot needs the Hardware's spec.bmcRef".into(),
-                stamp,
+            "BootJobSetupFailed",
+            format!("failed to get hardware: {} not found", spec.hardware_ref),
+        );
+    };
+    let Some(bmc) = hw
+        .pointer("/spec/bmcRef/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .map(String::from)
+    else {
+        return fail(
+            s,
+            "BootJobSetupFailed",
+            format!(
+                "bootMode {} needs the Hardware's spec.bmcRef",
+                spec.boot_options
+                    .boot_mode
+                    .map(BootMode::as_str)
+                    .unwrap_or_default()
             ),
         );
-        return true;
     };
     let jobs = &mut s
         .boot_options
@@ -257,6 +354,14 @@ fn netboot(
     match (created, ctx.job) {
         // Not made yet, or made and since deleted by someone: (re)create.
         (false, _) | (true, None) => {
+            let tasks = match phase_tasks(spec, s.state, hw) {
+                Ok(t) => t,
+                Err(e) => return fail(s, "BootJobSetupFailed", e),
+            };
+            if tasks.is_empty() {
+                s.state = next;
+                return true;
+            }
             jobs.insert(
                 name.into(),
                 JobStatus {
@@ -264,10 +369,10 @@ fn netboot(
                     existing_job_deleted: true,
                 },
             );
-            effects.push(Effect::NetbootJob {
+            effects.push(Effect::BmcJob {
                 name: name.into(),
                 bmc,
-                efi: ctx.efi,
+                tasks,
             });
             set_condition(
                 s,
@@ -285,7 +390,7 @@ fn netboot(
             if let Some(j) = jobs.get_mut(name) {
                 j.complete = true;
             }
-            s.state = State::Pending;
+            s.state = next;
             set_condition(
                 s,
                 named(
@@ -298,20 +403,11 @@ fn netboot(
             );
             true
         }
-        (true, Some(JobState::Failed)) => {
-            s.state = State::Failed;
-            set_condition(
-                s,
-                named(
-                    "BootJobFailed",
-                    true,
-                    "Error",
-                    format!("job {name} failed (see: tinkerbox bmc job get {name})"),
-                    stamp,
-                ),
-            );
-            true
-        }
+        (true, Some(JobState::Failed)) => fail(
+            s,
+            "BootJobFailed",
+            format!("job {name} failed (see: tinkerbox bmc job get {name})"),
+        ),
         (true, Some(JobState::Pending | JobState::Running)) => set_condition(
             s,
             named(
@@ -424,43 +520,23 @@ impl Engine {
         Ok(())
     }
 
-    /// What [`step`] reads: only for a Workflow that is PREPARING with a
-    /// bootMode.
+    /// What [`step`] reads: only for a Workflow whose bootMode runs a job
+    /// in its state.
     async fn context(&self, row: &WorkflowRow, spec: &WorkflowSpec) -> Result<Context, StoreError> {
-        if row.status.state != State::Preparing || spec.boot_options.boot_mode.is_none() {
+        let Some(name) = phase_job(&row.key.name, spec, row.status.state) else {
             return Ok(Context::default());
-        }
+        };
         let ns = &row.key.namespace;
-        let hw = self
+        let hardware = self
             .store
-            .get(&crate::hardware::Key::new(
-                ns.clone(),
-                spec.hardware_ref.clone(),
-            ))
+            .get(&Key::new(ns.clone(), spec.hardware_ref.clone()))
             .await?;
-        let bmc_ref = hw
-            .as_ref()
-            .and_then(|h| h.pointer("/spec/bmcRef/name"))
-            .and_then(Value::as_str)
-            .filter(|n| !n.is_empty())
-            .map(String::from);
-        let efi = hw
-            .as_ref()
-            .and_then(|h| h.pointer("/spec/interfaces"))
-            .and_then(Value::as_array)
-            .is_some_and(|i| {
-                i.iter()
-                    .any(|i| i.pointer("/dhcp/uefi") == Some(&Value::Bool(true)))
-            });
         let job = self
             .store
-            .job(&crate::hardware::Key::new(
-                ns.clone(),
-                job_name("netboot", &row.key.name),
-            ))
+            .job(&Key::new(ns.clone(), name))
             .await?
             .map(|j| j.state);
-        Ok(Context { bmc_ref, efi, job })
+        Ok(Context { hardware, job })
     }
 
     async fn apply(
@@ -469,13 +545,11 @@ impl Engine {
         spec: &WorkflowSpec,
         effects: &[Effect],
     ) -> Result<(), crate::services::Error> {
+        let ns = &row.key.namespace;
         for e in effects {
             match e {
                 Effect::AllowPxe(on) => {
-                    let key = crate::hardware::Key::new(
-                        row.key.namespace.clone(),
-                        spec.hardware_ref.clone(),
-                    );
+                    let key = Key::new(ns.clone(), spec.hardware_ref.clone());
                     self.services
                         .hardware
                         .update(&key, |doc| {
@@ -484,14 +558,12 @@ impl Engine {
                         })
                         .await?;
                 }
-                Effect::NetbootJob { name, bmc, efi } => {
-                    let ns = &row.key.namespace;
-                    let key = crate::hardware::Key::new(ns.clone(), name.clone());
-                    let machine = crate::hardware::Key::new(ns.clone(), bmc.clone());
-                    let tasks = crate::services::BmcService::netboot_tasks(*efi);
+                Effect::BmcJob { name, bmc, tasks } => {
+                    let key = Key::new(ns.clone(), name.clone());
+                    let machine = Key::new(ns.clone(), bmc.clone());
                     self.services
                         .bmc
-                        .start_named_job(&key, &machine, tasks)
+                        .start_named_job(&key, &machine, tasks.clone())
                         .await?;
                 }
             }
@@ -645,22 +717,6 @@ mod tests {
         };
         let (s, fx) = step("wf", &spec(), &post, &Context::default(), now).unwrap();
         assert_eq!((s.state, fx.len()), (State::Success, 0));
-        // An ISO boot is not done yet, and says so once.
-        sp.boot_options.boot_mode = Some(BootMode::Iso);
-        let prep = Status {
-            state: State::Preparing,
-            ..Status::default()
-        };
-        let (s, _) = step("wf", &sp, &prep, &Context::default(), now).unwrap();
-        assert_eq!(s.state, State::Preparing);
-        assert!(
-            s.conditions.iter().any(|c| c
-                .message
-                .as_deref()
-                .unwrap_or("")
-                .contains("not supported"))
-        );
-        assert!(step("wf", &sp, &s, &Context::default(), now).is_none());
         let mut doc =
             json!({"spec": {"interfaces": [{"dhcp": {}}, {"netboot": {"allowWorkflow": true}}]}});
         set_allow_pxe(&mut doc, true);
@@ -671,48 +727,163 @@ mod tests {
         );
     }
 
+    fn hw(bmc: bool) -> Value {
+        let mut h = json!({"spec": {"interfaces": [{"dhcp": {"mac": "02:00:00:00:00:01", "uefi": true}}],
+            "metadata": {"instance": {"id": "i-1"}}}});
+        if bmc {
+            h["spec"]["bmcRef"] = json!({"kind": "Machine", "name": "bmc-1"});
+        }
+        h
+    }
+
+    fn ctx(job: Option<JobState>) -> Context {
+        Context {
+            hardware: Some(hw(true)),
+            job,
+        }
+    }
+
+    fn at(state: State) -> Status {
+        Status {
+            state,
+            ..Status::default()
+        }
+    }
+
+    fn now() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+    }
+
     /// bootMode netboot: the job is created once, followed, and decides.
     #[test]
     fn netboot_runs_a_bmc_job_and_waits_for_it() {
         let mut sp = spec();
         sp.boot_options.boot_mode = Some(BootMode::Netboot);
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let ctx = |job| Context {
-            bmc_ref: Some("bmc-1".into()),
-            efi: true,
-            job,
-        };
-        let prep = Status {
-            state: State::Preparing,
-            ..Status::default()
-        };
-        let (s, fx) = step("wf", &sp, &prep, &ctx(None), now).unwrap();
+        let prep = at(State::Preparing);
+        let (s, fx) = step("wf", &sp, &prep, &ctx(None), now()).unwrap();
         assert_eq!(
             fx,
-            [Effect::NetbootJob {
+            [Effect::BmcJob {
                 name: "netboot-wf".into(),
                 bmc: "bmc-1".into(),
-                efi: true
+                tasks: netboot_tasks(true),
             }]
         );
         assert_eq!(s.state, State::Preparing);
         assert!(s.boot_options.as_ref().unwrap().jobs["netboot-wf"].existing_job_deleted);
         // Running: said once, then nothing to write.
-        let (s, fx) = step("wf", &sp, &s, &ctx(Some(JobState::Running)), now).unwrap();
+        let (s, fx) = step("wf", &sp, &s, &ctx(Some(JobState::Running)), now()).unwrap();
         assert!(fx.is_empty() && s.conditions.iter().any(|c| c.kind == "BootJobRunning"));
-        assert!(step("wf", &sp, &s, &ctx(Some(JobState::Running)), now).is_none());
-        let (done, _) = step("wf", &sp, &s, &ctx(Some(JobState::Completed)), now).unwrap();
+        assert!(step("wf", &sp, &s, &ctx(Some(JobState::Running)), now()).is_none());
+        let (done, _) = step("wf", &sp, &s, &ctx(Some(JobState::Completed)), now()).unwrap();
         assert_eq!(done.state, State::Pending);
         assert!(done.boot_options.as_ref().unwrap().jobs["netboot-wf"].complete);
-        let (failed, _) = step("wf", &sp, &s, &ctx(Some(JobState::Failed)), now).unwrap();
+        let (failed, _) = step("wf", &sp, &s, &ctx(Some(JobState::Failed)), now()).unwrap();
         assert_eq!(failed.state, State::Failed);
-        // No bmcRef on the Hardware: FAILED, saying why.
-        let (s, fx) = step("wf", &sp, &prep, &Context::default(), now).unwrap();
+        // Deleted by someone while it ran: made again.
+        let (_, fx) = step("wf", &sp, &s, &ctx(None), now()).unwrap();
+        assert_eq!(fx.len(), 1);
+        // No bmcRef on the Hardware, or no Hardware: FAILED, saying why.
+        let no_bmc = Context {
+            hardware: Some(hw(false)),
+            job: None,
+        };
+        let (s, fx) = step("wf", &sp, &prep, &no_bmc, now()).unwrap();
         assert_eq!((s.state, fx.len()), (State::Failed, 0));
-        assert!(
+        let said = |s: &Status, what: &str| {
             s.conditions
                 .iter()
-                .any(|c| c.message.as_deref().unwrap_or("").contains("bmcRef"))
+                .any(|c| c.message.as_deref().unwrap_or("").contains(what))
+        };
+        assert!(said(
+            &s,
+            "bootMode netboot needs the Hardware's spec.bmcRef"
+        ));
+        let (s, _) = step("wf", &sp, &prep, &Context::default(), now()).unwrap();
+        assert!(s.state == State::Failed && said(&s, "failed to get hardware: h not found"));
+    }
+
+    /// bootMode iso/isoboot: mount in PREPARING, eject in POST, both as
+    /// tink-controller builds them.
+    #[test]
+    fn isoboot_mounts_the_iso_and_ejects_it_after() {
+        let mut sp = spec();
+        sp.boot_options.boot_mode = Some(BootMode::Isoboot);
+        sp.boot_options.iso_url = Some("http://10.0.0.1:7080/hook.iso".into());
+        sp.boot_options.toggle_allow_netboot = true;
+        let (s, fx) = step("wf", &sp, &at(State::Preparing), &ctx(None), now()).unwrap();
+        let Effect::BmcJob { name, bmc, tasks } = &fx[1] else {
+            panic!("{fx:?}")
+        };
+        assert_eq!(fx[0], Effect::AllowPxe(true));
+        assert_eq!((name.as_str(), bmc.as_str()), ("iso-mount-wf", "bmc-1"));
+        let described: Vec<String> = tasks.iter().map(Action::describe).collect();
+        assert_eq!(
+            described,
+            [
+                "power off",
+                "virtual media CD: eject",
+                "virtual media CD: insert http://10.0.0.1:7080/hook.iso",
+                "boot device cdrom (once) EFI",
+                "power on"
+            ]
+        );
+        let (s, _) = step("wf", &sp, &s, &ctx(Some(JobState::Completed)), now()).unwrap();
+        assert_eq!(s.state, State::Pending);
+        // POST: allowPXE off and the eject job, then SUCCESS when it is done.
+        let mut post = s.clone();
+        post.state = State::Post;
+        let (s, fx) = step("wf", &sp, &post, &ctx(None), now()).unwrap();
+        assert_eq!(s.state, State::Post);
+        assert_eq!(fx[0], Effect::AllowPxe(false));
+        let Effect::BmcJob { name, tasks, .. } = &fx[1] else {
+            panic!("{fx:?}")
+        };
+        assert_eq!(name, "iso-eject-wf");
+        assert_eq!(tasks[..], [media("")]);
+        let (s, fx) = step("wf", &sp, &s, &ctx(Some(JobState::Completed)), now()).unwrap();
+        assert_eq!((s.state, fx.len()), (State::Success, 0));
+        let jobs = &s.boot_options.as_ref().unwrap().jobs;
+        assert!(jobs["iso-mount-wf"].complete && jobs["iso-eject-wf"].complete);
+        // A failed eject fails the Workflow.
+        let (s, _) = step("wf", &sp, &post, &ctx(None), now()).unwrap();
+        let (s, _) = step("wf", &sp, &s, &ctx(Some(JobState::Failed)), now()).unwrap();
+        assert_eq!(s.state, State::Failed);
+    }
+
+    /// bootMode customboot: the user's actions, mediaURL templated over the
+    /// Hardware; none at all goes straight on.
+    #[test]
+    fn customboot_runs_the_users_actions() {
+        let mut sp = spec();
+        sp.boot_options.boot_mode = Some(BootMode::Customboot);
+        sp.boot_options.customboot_config.preparing_actions = vec![
+            media("http://10.0.0.1/{{ .Hardware.Metadata.Instance.ID }}.iso"),
+            power(PowerAction::Cycle),
+        ];
+        let (_, fx) = step("wf", &sp, &at(State::Preparing), &ctx(None), now()).unwrap();
+        let Effect::BmcJob { name, tasks, .. } = &fx[0] else {
+            panic!("{fx:?}")
+        };
+        assert_eq!(name, "customboot-preparing-wf");
+        assert_eq!(
+            tasks[..],
+            [media("http://10.0.0.1/i-1.iso"), power(PowerAction::Cycle)]
+        );
+        // No post actions: POST goes to SUCCESS without a job.
+        let (s, fx) = step("wf", &sp, &at(State::Post), &ctx(None), now()).unwrap();
+        assert_eq!((s.state, fx.len()), (State::Success, 0));
+        // A template that fails to render fails the Workflow, saying why.
+        sp.boot_options.customboot_config.preparing_actions = vec![media("{{ .Hardware.Nope }}")];
+        let (s, fx) = step("wf", &sp, &at(State::Preparing), &ctx(None), now()).unwrap();
+        assert_eq!((s.state, fx.len()), (State::Failed, 0));
+        assert!(
+            s.conditions.iter().any(|c| c.kind == "BootJobSetupFailed"
+                && c.message
+                    .as_deref()
+                    .unwrap_or("")
+                    .contains("failed to template actions")),
+            "{s:?}"
         );
     }
 

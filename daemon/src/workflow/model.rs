@@ -46,6 +46,21 @@ pub struct BootOptions {
     pub boot_mode: Option<BootMode>,
     #[serde(default, rename = "isoURL")]
     pub iso_url: Option<String>,
+    #[serde(default)]
+    pub customboot_config: CustombootConfig,
+}
+
+/// `bootMode: customboot`: BMC actions of the user's own, run as the jobs
+/// `customboot-preparing-<workflow>` and `customboot-post-<workflow>`.
+/// A `virtualMediaAction.mediaURL` is a Go template over the Hardware's
+/// spec (`{{ .Hardware.Metadata.Instance.ID }}`), as upstream renders it.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CustombootConfig {
+    #[serde(default)]
+    pub preparing_actions: Vec<crate::bmc::model::Action>,
+    #[serde(default)]
+    pub post_actions: Vec<crate::bmc::model::Action>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
@@ -55,6 +70,17 @@ pub enum BootMode {
     Iso,
     Isoboot,
     Customboot,
+}
+
+impl BootMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootMode::Netboot => "netboot",
+            BootMode::Iso => "iso",
+            BootMode::Isoboot => "isoboot",
+            BootMode::Customboot => "customboot",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -335,6 +361,40 @@ pub fn workflow(mut doc: Value) -> Result<Workflow, FieldError> {
             "required when bootMode is iso or isoboot",
         ));
     }
+    if let Some(u) = spec
+        .boot_options
+        .iso_url
+        .as_deref()
+        .filter(|u| !u.trim().is_empty())
+    {
+        match url::Url::parse(u) {
+            Ok(p) if matches!(p.scheme(), "http" | "https") && p.host().is_some() => {}
+            Ok(_) => {
+                return Err(FieldError::new(
+                    "spec.bootOptions.isoURL",
+                    format!("{u:?}: want an http:// or https:// URL (the BMC fetches it)"),
+                ));
+            }
+            Err(e) => {
+                return Err(FieldError::new(
+                    "spec.bootOptions.isoURL",
+                    format!("{u:?} is not a URL: {e}"),
+                ));
+            }
+        }
+    }
+    let c = &spec.boot_options.customboot_config;
+    for (list, name) in [
+        (&c.preparing_actions, "preparingActions"),
+        (&c.post_actions, "postActions"),
+    ] {
+        for (i, a) in list.iter().enumerate() {
+            crate::bmc::model::check_action(
+                a,
+                &format!("spec.bootOptions.custombootConfig.{name}[{i}]"),
+            )?;
+        }
+    }
     if spec.boot_options.boot_mode.is_some() && spec.hardware_ref.trim().is_empty() {
         return Err(FieldError::new(
             "spec.hardwareRef",
@@ -435,6 +495,20 @@ mod tests {
         assert!(
             wf(json!({"templateRef": "t", "bootOptions": {"bootMode": "netboot"}}))
                 .contains("spec.hardwareRef")
+        );
+        assert!(
+            wf(json!({"templateRef": "t", "hardwareRef": "h", "bootOptions": {"bootMode": "isoboot", "isoURL": "file:///a.iso"}}))
+                .contains("spec.bootOptions.isoURL")
+        );
+        assert!(
+            wf(json!({"templateRef": "t", "hardwareRef": "h", "bootOptions": {"bootMode": "customboot",
+                "custombootConfig": {"postActions": [{"powerAction": "on"}, {}]}}}))
+                .contains("spec.bootOptions.custombootConfig.postActions[1]: exactly one of")
+        );
+        assert!(
+            wf(json!({"templateRef": "t", "hardwareRef": "h", "bootOptions": {"bootMode": "customboot",
+                "custombootConfig": {"preparingActions": [{"virtualMediaAction": {"kind": "LP"}}]}}}))
+                .contains("spec.bootOptions.custombootConfig.preparingActions[0].virtualMediaAction.kind")
         );
         let t = |spec: Value| {
             template(json!({"apiVersion": API_VERSION, "kind": "Template", "metadata": {"name": "t"}, "spec": spec}))

@@ -48,7 +48,22 @@ pub fn execute(
     hardware: Option<&Json>,
     hardware_map: &BTreeMap<String, String>,
 ) -> Result<String, RenderError> {
-    let t = Template::new("workflow-template")
+    run("workflow-template", data, &input(hardware, hardware_map))
+}
+
+/// A customboot `virtualMediaAction.mediaURL`, rendered as tink-controller
+/// does: the data is `{Hardware: <the Hardware's spec>}` with Go field
+/// names (`{{ .Hardware.Metadata.Instance.ID }}`).
+pub fn action_text(text: &str, hardware: &Json) -> Result<String, RenderError> {
+    let spec = hardware
+        .get("spec")
+        .map_or_else(|| Value::from(BTreeMap::<String, Value>::new()), go_names);
+    let data = Value::from(BTreeMap::from([("Hardware".to_string(), spec)]));
+    run("action", text, &data)
+}
+
+fn run(name: &str, data: &str, input: &Value) -> Result<String, RenderError> {
+    let t = Template::new(name)
         .missing_key(MissingKey::Error)
         // A bound on loops besides the output cap: `range` over a huge
         // list that writes nothing would otherwise spin.
@@ -57,7 +72,7 @@ pub fn execute(
         .parse(data)
         .map_err(|e| RenderError::Parse(e.to_string()))?;
     let mut out = Capped::default();
-    if let Err(e) = t.execute_fmt(&mut out, &input(hardware, hardware_map)) {
+    if let Err(e) = t.execute_fmt(&mut out, input) {
         return Err(if out.over {
             RenderError::TooLarge
         } else {
@@ -190,6 +205,8 @@ const GO_NAMES: &[(&str, &str)] = &[
     ("facility_code", "FacilityCode"),
     ("sourceISO", "SourceISO"),
     ("pxelinux", "PXELINUX"),
+    ("bmcRef", "BMCRef"),
+    ("apiGroup", "APIGroup"),
     ("rpi", "RPI"),
 ];
 
@@ -262,6 +279,22 @@ mod tests {
         assert_eq!(env["V"], "");
         assert_eq!(env["H"], "sm01");
         assert_eq!(env["R"], "0");
+    }
+
+    #[test]
+    fn customboot_media_urls_see_the_hardware_spec() {
+        let h = hw();
+        assert_eq!(
+            action_text(
+                "http://10.0.0.1/{{ .Hardware.Metadata.Instance.ID }}/{{ (index .Hardware.Disks 0).Device }}.iso",
+                &h
+            )
+            .unwrap(),
+            "http://10.0.0.1/3c:ec:ef:4c:4f:54//dev/nvme0n1.iso"
+        );
+        assert_eq!(action_text("http://x/a.iso", &h).unwrap(), "http://x/a.iso");
+        let e = action_text("{{ .Hardware.Nope }}", &h).unwrap_err();
+        assert!(e.to_string().contains("Nope"), "{e}");
     }
 
     #[test]
