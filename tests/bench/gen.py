@@ -7,6 +7,8 @@
     gen.py dnsmasq-hosts N FILE     dhcp-host lines (dhcp-hostsfile)
     gen.py kea N FILE LEASEDIR IFACE default|tuned   kea-dhcp4 config (memfile, raw sockets)
     gen.py macs N K PREFIX          K MAC lists (perfdhcp -M), machine i in list i % K
+    gen.py workflows N FILE [A]     a Template of A actions (5) and a Workflow per machine 0..N-1
+                                    (JSON, POST /api/v1/apply); worker = the machine's MAC
 
 Machine i: MAC 02:00:xx:xx:xx:xx (i big-endian), IP 10.64.0.0 + 2 + i in
 10.64.0.0/14 (so machine 0 is 10.64.0.2, the load generator's own address: its
@@ -45,6 +47,22 @@ def hardware(n, prefix, start=0, relabel=False):
                     "metadata": {"instance": {"id": f"m{i}", "hostname": f"m{i}"}}}})
         with open(f"{prefix}.{(b - start) // 5000:05d}.json", "w") as f:
             json.dump(docs, f)
+
+
+def workflows(n, path, actions=5):
+    acts = "".join(f"      - {{name: a{k}, image: quay.io/tinkerbell/actions/writefile, timeout: 60}}\n"
+                   for k in range(actions))
+    data = ("version: '0.1'\nname: bench\nglobal_timeout: 600\ntasks:\n"
+            "  - name: install\n    worker: '{{.device_1}}'\n    actions:\n" + acts)
+    docs = [{"apiVersion": "tinkerbell.org/v1alpha1", "kind": "Template",
+             "metadata": {"name": "bench", "namespace": "default"}, "spec": {"data": data}}]
+    for i in range(n):
+        docs.append({"apiVersion": "tinkerbell.org/v1alpha1", "kind": "Workflow",
+                     "metadata": {"name": f"wf{i}", "namespace": "default"},
+                     "spec": {"templateRef": "bench", "hardwareRef": f"m{i}",
+                              "hardwareMap": {"device_1": mac(i)}}})
+    with open(path, "w") as f:
+        json.dump(docs, f)
 
 
 def dnsmasq_hosts(n, path):
@@ -107,6 +125,8 @@ def main():
         kea(int(args[0]), args[1], args[2], args[3], args[4])
     elif cmd == "macs":
         macs(int(args[0]), int(args[1]), args[2])
+    elif cmd == "workflows":
+        workflows(int(args[0]), args[1], int(args[2]) if len(args) > 2 else 5)
     else:
         sys.exit(f"unknown command {cmd}")
 

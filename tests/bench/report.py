@@ -78,6 +78,12 @@ def check(rows):
             bad.append(r)
         elif sec == "scale" and r.get("startup_ms") is None:
             bad.append(r)
+        elif sec == "workflow" and r["config"] == "agents" and (
+                not r.get("complete") or not r.get("actions_per_s") or r.get("errors")
+                or not (r.get("get_steady") or {}).get("n")):
+            bad.append(r)
+        elif sec == "workflow" and r["config"].startswith("dhcp-") and not (r.get("lat_ms") or {}).get("p99"):
+            bad.append(r)
     for r in bad:
         print("no usable figures:", json.dumps(r), file=sys.stderr)
     return not bad
@@ -257,6 +263,28 @@ def main():
                 x = ratio(r.get("mb_per_s"), a.get("mb_per_s"))
                 add(f"artifacts {r['config']} parallel: MB/s", r.get("mb_per_s"), "nginx sendfile",
                     a.get("mb_per_s"), x, ">= 0.9x", None if x is None else x >= 0.9)
+
+    # Workflows: no anchor (Tink needs a Kubernetes API server).
+    wa = find(rows, "workflow", "tinkerbox", "agents")
+    if wa:
+        n = wa.get("agents")
+        add(f"{wa.get('workflows')} Workflows applied and rendered (all PENDING): s", wa.get("render_s"),
+            "-", None, None)
+        add(f"workflow actions/s, {n} agents, {wa.get('actions')} actions", wa.get("actions_per_s"), "-", None, None)
+        gb, gs, rp = wa.get("get_burst") or {}, wa.get("get_steady") or {}, wa.get("report") or {}
+        add(f"GetAction p50/p99 ms during the burst", f"{fmt(gb.get('p50_ms'))}/{fmt(gb.get('p99_ms'))}",
+            "-", None, None)
+        add(f"ReportActionStatus p50/p99 ms", f"{fmt(rp.get('p50_ms'))}/{fmt(rp.get('p99_ms'))}", "-", None, None)
+        p99 = gs.get("p99_ms")
+        add(f"GetAction p99 ms, {n} agents polling every s ({fmt(wa.get('steady_get_per_s'))}/s)", p99,
+            "-", None, None, "< 5 ms", None if p99 is None else p99 < 5)
+    di, dp = find(rows, "workflow", "tinkerbox", "dhcp-idle"), find(rows, "workflow", "tinkerbox", "dhcp-polling")
+    if di and dp:
+        li, lp = di.get("lat_ms") or {}, dp.get("lat_ms") or {}
+        add(f"DHCP at {dp.get('target')}/s p50/p99 ms while the agents poll",
+            f"{fmt(lp.get('p50'))}/{fmt(lp.get('p99'))}", "no agents",
+            f"{fmt(li.get('p50'))}/{fmt(li.get('p99'))}", ratio(li.get("p99"), lp.get("p99")),
+            "unchanged (noise)")
 
     # Scale.
     for r in rows:
