@@ -88,6 +88,8 @@ fn json(v: &Value) -> serde_json::Value {
         Value::Bool(b) => J::Bool(*b),
         Value::Int(i) => J::from(*i),
         Value::Uint(u) => J::from(*u),
+        // Go's encoding/json writes an integral float64 as an integer.
+        Value::Float(f) if f.fract() == 0.0 && f.abs() < 9e15 => J::from(*f as i64),
         Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
         Value::String(s) => J::String(s.to_string()),
         Value::List(l) => J::Array(l.iter().map(json).collect()),
@@ -96,8 +98,22 @@ fn json(v: &Value) -> serde_json::Value {
     }
 }
 
-fn from_json(v: &serde_json::Value) -> Value {
-    gotmpl::to_value(v).unwrap_or(Value::Nil)
+/// JSON -> Value as Go's `json.Unmarshal` into `interface{}` makes it:
+/// every number a float64 (so 1000000 prints `1e+06`, as in Go).
+pub fn from_json(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::Nil,
+        J::Bool(b) => Value::Bool(*b),
+        J::Number(n) => n.as_f64().map_or(Value::Nil, Value::Float),
+        J::String(s) => Value::String(Arc::from(s.as_str())),
+        J::Array(a) => Value::List(a.iter().map(from_json).collect::<Vec<_>>().into()),
+        J::Object(o) => Value::from(
+            o.iter()
+                .map(|(k, v)| (k.clone(), from_json(v)))
+                .collect::<std::collections::BTreeMap<String, Value>>(),
+        ),
+    }
 }
 
 /// The function map for a Template.

@@ -107,10 +107,9 @@ fn input(hardware: Option<&Json>, hardware_map: &BTreeMap<String, String>) -> Va
         .collect();
     let empty = Json::Object(Default::default());
     let hw = hardware.unwrap_or(&empty);
-    top.insert(
-        "hardware".into(),
-        gotmpl::to_value(hw).unwrap_or(Value::Nil),
-    );
+    // The Hardware as tink-controller's structToMap makes it: a JSON
+    // round trip, so numbers are float64.
+    top.insert("hardware".into(), super::funcs::from_json(hw));
     top.insert(
         "references".into(),
         Value::from(BTreeMap::<String, Value>::new()),
@@ -295,6 +294,28 @@ mod tests {
         assert_eq!(action_text("http://x/a.iso", &h).unwrap(), "http://x/a.iso");
         let e = action_text("{{ .Hardware.Nope }}", &h).unwrap_err();
         assert!(e.to_string().contains("Nope"), "{e}");
+    }
+
+    /// `.hardware` has Go's JSON numbers (float64), `.Hardware` Go's int64
+    /// fields. Known gap: gotmpl 0.6 prints floats with Rust's Display (also
+    /// for `printf "%v"`), so 1000000 prints `1000000` where Go prints
+    /// `1e+06`; below 1e6 (ports, lease times, VLANs) both agree.
+    #[test]
+    fn numbers_are_go_typed() {
+        let h = json!({"spec": {"metadata": {"bonding_mode": 5, "instance": {"id": "x"}},
+            "interfaces": [{"dhcp": {"lease_time": 1000000, "mac": "m"}}]}});
+        let out = execute(
+            "{{ .hardware.spec.metadata.bonding_mode }} {{ (index .hardware.spec.interfaces 0).dhcp.lease_time }} \
+             {{ toJson (index .hardware.spec.interfaces 0).dhcp }} {{ .Hardware.Metadata.BondingMode }} \
+             {{ (fromYaml \"n: 2500.5\").n }}",
+            Some(&h),
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            r#"5 1000000 {"lease_time":1000000,"mac":"m"} 5 2500.5"#
+        );
     }
 
     #[test]
