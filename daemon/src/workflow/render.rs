@@ -138,17 +138,146 @@ fn legacy(hw: &Json) -> Value {
     let text = |k: &str| Value::String(Arc::from(field(k).and_then(Json::as_str).unwrap_or("")));
     let mut m = BTreeMap::<String, Value>::new();
     m.insert("Disks".into(), Value::List(disks.into()));
+    let zeroed = |k: &str| {
+        let mut v = field(k).cloned()?;
+        zero_fill(&mut v, k);
+        Some(v)
+    };
     m.insert(
         "Interfaces".into(),
-        field("interfaces").map_or(Value::Nil, go_names),
+        zeroed("interfaces").map_or(Value::Nil, |v| go_names(&v)),
     );
     m.insert("UserData".into(), text("userData"));
-    m.insert(
-        "Metadata".into(),
-        field("metadata").map_or_else(|| Value::from(BTreeMap::<String, Value>::new()), go_names),
-    );
+    let mut metadata = zeroed("metadata").unwrap_or_else(|| Json::Object(Default::default()));
+    zero_fill(&mut metadata, "metadata");
+    m.insert("Metadata".into(), go_names(&metadata));
     m.insert("VendorData".into(), text("vendorData"));
     Value::from(m)
+}
+
+/// Go's zero values for the fields of the legacy structs a document may
+/// leave out (Go always has them: `{{ .Hardware.Metadata.Instance.Hostname }}`
+/// is "" when unset, not an error), by JSON name; null is a nil pointer.
+const ZEROS: &[(&str, &[(&str, ZeroKind)])] = &[
+    (
+        "metadata",
+        &[
+            ("state", ZeroKind::Str),
+            ("bonding_mode", ZeroKind::Int),
+            ("manufacturer", ZeroKind::Nil),
+            ("instance", ZeroKind::Nil),
+            ("custom", ZeroKind::Nil),
+            ("facility", ZeroKind::Nil),
+        ],
+    ),
+    (
+        "instance",
+        &[
+            ("id", ZeroKind::Str),
+            ("state", ZeroKind::Str),
+            ("hostname", ZeroKind::Str),
+            ("allow_pxe", ZeroKind::Bool),
+            ("rescue", ZeroKind::Bool),
+            ("operating_system", ZeroKind::Nil),
+            ("always_pxe", ZeroKind::Bool),
+            ("ipxe_script_url", ZeroKind::Str),
+            ("ips", ZeroKind::Nil),
+            ("userdata", ZeroKind::Str),
+            ("crypted_root_password", ZeroKind::Str),
+            ("tags", ZeroKind::Nil),
+            ("storage", ZeroKind::Nil),
+            ("ssh_keys", ZeroKind::Nil),
+            ("network_ready", ZeroKind::Bool),
+        ],
+    ),
+    (
+        "interface",
+        &[
+            ("netboot", ZeroKind::Nil),
+            ("isoboot", ZeroKind::Nil),
+            ("dhcp", ZeroKind::Nil),
+            ("disableDhcp", ZeroKind::Bool),
+        ],
+    ),
+    (
+        "dhcp",
+        &[
+            ("mac", ZeroKind::Str),
+            ("hostname", ZeroKind::Str),
+            ("domain_name", ZeroKind::Str),
+            ("lease_time", ZeroKind::Int),
+            ("name_servers", ZeroKind::Nil),
+            ("time_servers", ZeroKind::Nil),
+            ("arch", ZeroKind::Str),
+            ("uefi", ZeroKind::Bool),
+            ("iface_name", ZeroKind::Str),
+            ("ip", ZeroKind::Nil),
+            ("vlan_id", ZeroKind::Str),
+            ("classless_static_routes", ZeroKind::Nil),
+            ("tftp_server_name", ZeroKind::Str),
+            ("boot_file_name", ZeroKind::Str),
+        ],
+    ),
+    (
+        "ip",
+        &[
+            ("address", ZeroKind::Str),
+            ("netmask", ZeroKind::Str),
+            ("gateway", ZeroKind::Str),
+            ("family", ZeroKind::Int),
+        ],
+    ),
+    (
+        "netboot",
+        &[
+            ("allowPXE", ZeroKind::Nil),
+            ("allowWorkflow", ZeroKind::Nil),
+            ("ipxe", ZeroKind::Nil),
+            ("osie", ZeroKind::Nil),
+            ("pxelinux", ZeroKind::Nil),
+            ("rpi", ZeroKind::Nil),
+        ],
+    ),
+];
+
+#[derive(Clone, Copy)]
+enum ZeroKind {
+    Str,
+    Int,
+    Bool,
+    Nil,
+}
+
+/// Add the zero value of every absent field of struct `kind` (and of the
+/// structs below it), as Go's zero-valued struct fields.
+fn zero_fill(v: &mut Json, kind: &str) {
+    if kind == "interfaces" {
+        if let Json::Array(a) = v {
+            a.iter_mut().for_each(|i| zero_fill(i, "interface"));
+        }
+        return;
+    }
+    let Json::Object(o) = v else { return };
+    if let Some((_, fields)) = ZEROS.iter().find(|(k, _)| *k == kind) {
+        for (name, z) in *fields {
+            o.entry(*name).or_insert(match z {
+                ZeroKind::Str => Json::String(String::new()),
+                ZeroKind::Int => Json::from(0),
+                ZeroKind::Bool => Json::Bool(false),
+                ZeroKind::Nil => Json::Null,
+            });
+        }
+    }
+    for (child, child_kind) in [
+        ("instance", "instance"),
+        ("dhcp", "dhcp"),
+        ("ip", "ip"),
+        ("netboot", "netboot"),
+    ] {
+        if let Some(c) = o.get_mut(child) {
+            zero_fill(c, child_kind);
+        }
+    }
 }
 
 /// JSON member names of Tinkerbell's Hardware types -> their Go field
@@ -315,6 +444,32 @@ mod tests {
         assert_eq!(
             out,
             r#"5 1000000 {"lease_time":1000000,"mac":"m"} 5 2500.5"#
+        );
+    }
+
+    /// The legacy data is Go structs: unset fields are zero, not missing.
+    #[test]
+    fn legacy_fields_left_out_are_go_zero_values() {
+        let h = json!({"spec": {"metadata": {"instance": {"id": "i-1"}},
+            "interfaces": [{"dhcp": {"mac": "m", "ip": {"address": "10.0.0.5"}}}]}});
+        let out = execute(
+            "[{{ .Hardware.Metadata.Instance.Hostname }}][{{ .Hardware.Metadata.State }}][{{ .Hardware.Metadata.BondingMode }}]\
+             [{{ (index .Hardware.Interfaces 0).DHCP.Hostname }}][{{ (index .Hardware.Interfaces 0).DHCP.IP.Gateway }}]\
+             [{{ (index .Hardware.Interfaces 0).DisableDHCP }}][{{ (index .Hardware.Interfaces 0).DHCP.LeaseTime }}]\
+             [{{ if .Hardware.Metadata.Instance.AlwaysPxe }}x{{ end }}]",
+            Some(&h),
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        assert_eq!(out, "[][][0][][][false][0][]");
+        // `.hardware` stays the document as stored: no field invented.
+        assert!(
+            execute(
+                "{{ .hardware.spec.metadata.state }}",
+                Some(&h),
+                &BTreeMap::new()
+            )
+            .is_err()
         );
     }
 
