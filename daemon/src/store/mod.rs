@@ -14,6 +14,7 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub mod bmc;
@@ -161,6 +162,8 @@ pub(crate) async fn upsert_document(
 #[derive(Clone)]
 pub struct Store {
     pool: SqlitePool,
+    /// Workflow status writes waiting for a group commit.
+    statuses: Arc<workflow::StatusQueue>,
 }
 
 /// Why [`migrate`] failed.
@@ -248,7 +251,10 @@ impl Store {
             MigrateFailed::Outdated(m) => StoreError::Outdated(m),
         })?;
         owner_only(path)?;
-        Ok(Store { pool })
+        Ok(Store {
+            pool,
+            statuses: Arc::default(),
+        })
     }
 
     /// Every stored Hardware as the inventory holds it.

@@ -27,6 +27,68 @@ impl WorkflowRow {
     }
 }
 
+/// Status writes waiting for the next group commit, and the lock of the
+/// one committing.
+#[derive(Default)]
+pub(super) struct StatusQueue {
+    queue: std::sync::Mutex<Vec<StatusWrite>>,
+    commit: std::sync::Arc<tokio::sync::Mutex<()>>,
+}
+
+struct StatusWrite {
+    key: Key,
+    version: i64,
+    text: String,
+    state: State,
+    agents: Vec<String>,
+    reply: tokio::sync::oneshot::Sender<Result<i64, StoreError>>,
+}
+
+/// One version-checked status write inside a transaction: the outer error
+/// aborts the transaction, the inner one (`Stale`) is this write's answer.
+async fn write_status(
+    tx: &mut sqlx::SqliteConnection,
+    w: &StatusWrite,
+) -> Result<Result<i64, StoreError>, StoreError> {
+    let id: Option<i64> = sqlx::query_scalar(
+        "UPDATE workflows SET status = ?, state = ?, version = version + 1, updated_ms = ?
+         WHERE namespace = ? AND name = ? AND version = ? RETURNING id",
+    )
+    .bind(&w.text)
+    .bind(w.state.as_str())
+    .bind(now_ms())
+    .bind(&w.key.namespace)
+    .bind(&w.key.name)
+    .bind(w.version)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(id) = id else {
+        let found: Option<i64> =
+            sqlx::query_scalar("SELECT version FROM workflows WHERE namespace = ? AND name = ?")
+                .bind(&w.key.namespace)
+                .bind(&w.key.name)
+                .fetch_optional(&mut *tx)
+                .await?;
+        return Ok(Err(StoreError::Stale {
+            key: w.key.clone(),
+            expected: w.version,
+            found: found.unwrap_or(0),
+        }));
+    };
+    sqlx::query("DELETE FROM workflow_agents WHERE workflow_id = ?")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    for a in &w.agents {
+        sqlx::query("INSERT INTO workflow_agents (agent_id, workflow_id) VALUES (?, ?)")
+            .bind(a)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(Ok(w.version + 1))
+}
+
 /// Which of the two tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TinkKind {
@@ -132,8 +194,16 @@ impl Store {
         rows.into_iter().map(row).collect()
     }
 
-    /// Write a Workflow's status if it is still at `version`; returns the
-    /// new version. [`StoreError::Stale`] if another writer came first.
+    /// Write a Workflow's status over `version` (the one it was read
+    /// with); `Stale` when someone wrote it since. Returns the new version.
+    ///
+    /// Writes are group-committed: every write is `synchronous = FULL`
+    /// (a report acknowledged to an agent survives a crash), and one fsync
+    /// per write capped a rack of agents at the disk's fsync rate. A writer
+    /// queues its write, then whoever holds the commit lock commits all
+    /// queued writes in one transaction, each still checked against its
+    /// own version. The commit runs in its own task, so a caller that goes
+    /// away (a gRPC client that hung up) cannot cut it short for the others.
     pub async fn save_workflow_status(
         &self,
         key: &Key,
@@ -142,48 +212,82 @@ impl Store {
     ) -> Result<i64, StoreError> {
         let text = serde_json::to_string(status)
             .map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))?;
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
-        let id: Option<i64> = sqlx::query_scalar(
-            "UPDATE workflows SET status = ?, state = ?, version = version + 1, updated_ms = ?
-             WHERE namespace = ? AND name = ? AND version = ? RETURNING id",
-        )
-        .bind(text)
-        .bind(status.state.as_str())
-        .bind(now_ms())
-        .bind(&key.namespace)
-        .bind(&key.name)
-        .bind(version)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(id) = id else {
-            let found: Option<i64> = sqlx::query_scalar(
-                "SELECT version FROM workflows WHERE namespace = ? AND name = ?",
-            )
-            .bind(&key.namespace)
-            .bind(&key.name)
-            .fetch_optional(&mut *tx)
-            .await?;
-            return Err(StoreError::Stale {
-                key: key.clone(),
-                expected: version,
-                found: found.unwrap_or(0),
-            });
+        let agents: std::collections::BTreeSet<String> =
+            status.tasks.iter().map(|t| t.agent_id.clone()).collect();
+        let (reply, done) = tokio::sync::oneshot::channel();
+        let write = StatusWrite {
+            key: key.clone(),
+            version,
+            text,
+            state: status.state,
+            agents: agents.into_iter().collect(),
+            reply,
         };
-        let agents: std::collections::BTreeSet<&str> =
-            status.tasks.iter().map(|t| t.agent_id.as_str()).collect();
-        sqlx::query("DELETE FROM workflow_agents WHERE workflow_id = ?")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        for a in agents {
-            sqlx::query("INSERT INTO workflow_agents (agent_id, workflow_id) VALUES (?, ?)")
-                .bind(a)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+        self.statuses
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(write);
+        let lock = self.statuses.commit.clone().lock_owned().await;
+        let batch = std::mem::take(
+            &mut *self
+                .statuses
+                .queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        if !batch.is_empty() {
+            let store = self.clone();
+            // Ours is in this batch or an earlier one: either way it is
+            // answered before the lock is given up.
+            let _ = tokio::spawn(async move {
+                store.commit_statuses(batch).await;
+                drop(lock);
+            })
+            .await;
+        } else {
+            drop(lock);
         }
-        tx.commit().await?;
-        Ok(version + 1)
+        done.await.unwrap_or_else(|_| {
+            Err(StoreError::Io(std::io::Error::other(
+                "workflow status write lost (commit task ended)",
+            )))
+        })
+    }
+
+    /// One transaction for the batch; if it fails as a whole, each write
+    /// again alone, so that each gets its own answer.
+    async fn commit_statuses(&self, batch: Vec<StatusWrite>) {
+        let all = async {
+            let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+            let mut results = Vec::with_capacity(batch.len());
+            for w in &batch {
+                results.push(write_status(&mut tx, w).await?);
+            }
+            tx.commit().await?;
+            Ok::<_, StoreError>(results)
+        }
+        .await;
+        match all {
+            Ok(results) => {
+                for (w, r) in batch.into_iter().zip(results) {
+                    let _ = w.reply.send(r);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, writes = batch.len(), "workflow status group commit failed: writing one by one");
+                for w in batch {
+                    let one = async {
+                        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+                        let r = write_status(&mut tx, &w).await?;
+                        tx.commit().await?;
+                        Ok::<_, StoreError>(r)
+                    }
+                    .await;
+                    let _ = w.reply.send(one.and_then(|r| r));
+                }
+            }
+        }
     }
 
     pub async fn delete_tink(&self, kind: TinkKind, key: &Key) -> Result<bool, StoreError> {
@@ -291,5 +395,52 @@ mod tests {
         );
         assert!(store.delete_tink(TinkKind::Workflow, &w.key).await.unwrap());
         assert!(!store.delete_tink(TinkKind::Workflow, &w.key).await.unwrap());
+    }
+
+    /// Many writers at once are committed together, each still checked
+    /// against its own version; a cancelled writer does not lose the others'.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_writes_are_group_committed_and_each_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let wfs: Vec<Workflow> = (0..64).map(|i| wf(&format!("w{i}"))).collect();
+        store.apply_tink(&[], &wfs).await.unwrap();
+        let v0 = store.workflow(&wfs[0].key).await.unwrap().unwrap().version;
+        let mut tasks = vec![];
+        for (i, w) in wfs.iter().enumerate() {
+            // Two writers per Workflow read the same version: one wins.
+            for n in 0..2 {
+                let (store, key) = (store.clone(), w.key.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut s = Status::default();
+                    s.state = State::Pending;
+                    s.agent_id = Some(format!("agent-{i}-{n}"));
+                    let r = store.save_workflow_status(&key, v0, &s).await;
+                    (i, r)
+                }));
+            }
+        }
+        // And one writer given up on at once (as a gRPC call whose client
+        // hung up).
+        let (s2, k2) = (store.clone(), wfs[0].key.clone());
+        let dropped =
+            tokio::spawn(async move { s2.save_workflow_status(&k2, 99, &Status::default()).await });
+        dropped.abort();
+        let mut won = vec![0; wfs.len()];
+        for t in tasks {
+            let (i, r) = t.await.unwrap();
+            match r {
+                Ok(v) => {
+                    assert_eq!(v, v0 + 1);
+                    won[i] += 1;
+                }
+                Err(StoreError::Stale { found, .. }) if found == v0 + 1 => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(won.iter().all(|w| *w == 1), "{won:?}");
+        let rows = store.workflows(None, &[State::Pending]).await.unwrap();
+        assert_eq!(rows.len(), wfs.len());
+        assert!(rows.iter().all(|r| r.version == v0 + 1));
     }
 }

@@ -165,11 +165,7 @@ impl Shared {
     }
 }
 
-async fn unary<Req, Resp>(
-    ch: &Channel,
-    path: &'static str,
-    req: Req,
-) -> Result<Resp, tonic::Status>
+async fn unary<Req, Resp>(ch: &Channel, path: &'static str, req: Req) -> Result<Resp, tonic::Status>
 where
     Req: prost::Message + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + 'static,
@@ -186,7 +182,13 @@ where
         .map(tonic::Response::into_inner)
 }
 
-async fn agent(i: u32, ch: Channel, sh: Arc<Shared>, interval: Duration, offset: Duration) -> AgentLog {
+async fn agent(
+    i: u32,
+    ch: Channel,
+    sh: Arc<Shared>,
+    interval: Duration,
+    offset: Duration,
+) -> AgentLog {
     let id = mac(i);
     let mut log = AgentLog::default();
     tokio::time::sleep(offset).await;
@@ -197,7 +199,14 @@ async fn agent(i: u32, ch: Channel, sh: Arc<Shared>, interval: Duration, offset:
         }
         let t0 = Instant::now();
         let at_us = sh.us();
-        let got = unary::<_, ActionResponse>(&ch, GET, ActionRequest { agent_id: Some(id.clone()) }).await;
+        let got = unary::<_, ActionResponse>(
+            &ch,
+            GET,
+            ActionRequest {
+                agent_id: Some(id.clone()),
+            },
+        )
+        .await;
         let lat_us = t0.elapsed().as_micros().min(u32::MAX as u128) as u32;
         log.get.push(Sample { at_us, lat_us });
         match got {
@@ -216,7 +225,14 @@ async fn agent(i: u32, ch: Channel, sh: Arc<Shared>, interval: Duration, offset:
                     execution_duration: stop.as_ref().map(|_| "0s".to_string()),
                     execution_stop: stop,
                     message: Some(ActionMessage {
-                        message: Some(if state == 5 { "action completed" } else { "running" }.into()),
+                        message: Some(
+                            if state == 5 {
+                                "action completed"
+                            } else {
+                                "running"
+                            }
+                            .into(),
+                        ),
                     }),
                 };
                 let mut ok = true;
@@ -230,7 +246,8 @@ async fn agent(i: u32, ch: Channel, sh: Arc<Shared>, interval: Duration, offset:
                     });
                     if let Err(e) = r {
                         ok = false;
-                        log.errors.push(format!("report {}: {:?} {}", id, e.code(), e.message()));
+                        log.errors
+                            .push(format!("report {}: {:?} {}", id, e.code(), e.message()));
                         break;
                     }
                 }
@@ -249,7 +266,8 @@ async fn agent(i: u32, ch: Channel, sh: Arc<Shared>, interval: Duration, offset:
             Err(e) => {
                 let c = e.code();
                 *log.codes.entry(format!("{c:?}")).or_default() += 1;
-                if !matches!(c, Code::NotFound | Code::FailedPrecondition) && log.errors.len() < 10 {
+                if !matches!(c, Code::NotFound | Code::FailedPrecondition) && log.errors.len() < 10
+                {
                     log.errors.push(format!("get {id}: {c:?} {}", e.message()));
                 }
             }
@@ -331,7 +349,11 @@ async fn main() {
     } else {
         f64::NAN
     };
-    let steady_s = if burst != u64::MAX { (end_us.saturating_sub(burst)) as f64 / 1e6 } else { 0.0 };
+    let steady_s = if burst != u64::MAX {
+        (end_us.saturating_sub(burst)) as f64 / 1e6
+    } else {
+        0.0
+    };
     let steady_get = split(&all.get, false);
     let out = serde_json::json!({
         "agents": a.agents,
