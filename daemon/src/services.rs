@@ -478,7 +478,11 @@ impl WorkflowService {
                 .await
             {
                 Ok(_) => {
-                    self.wake.notify_one();
+                    // The engine acts on states (POST, ...), not on
+                    // action reports: wake it only when the state moved.
+                    if next.state != row.status.state {
+                        self.wake.notify_one();
+                    }
                     return Ok(next);
                 }
                 Err(StoreError::Stale { .. }) => continue,

@@ -36,6 +36,10 @@ use tokio::sync::Notify;
 
 pub const TEMPLATE_RENDERED: &str = "TemplateRenderedSuccess";
 
+/// How often the engine visits RUNNING Workflows (the global timeout) and
+/// retries what could not render.
+const FULL_PASS_EVERY: Duration = Duration::from_secs(5);
+
 /// What rendering needs besides the Workflow: its Template (`spec.data`)
 /// and Hardware document, as found (None: not found).
 pub struct Found<'a> {
@@ -478,25 +482,38 @@ impl Engine {
     }
 
     pub async fn run(self) {
+        let mut last_full: Option<tokio::time::Instant> = None;
         loop {
-            if let Err(e) = self.pass().await {
+            // RUNNING Workflows only need the timeout check, which is to the
+            // second: every few seconds, not on every wake (a rack of agents
+            // reporting wakes the engine hundreds of times a second, and a
+            // pass reads every Workflow it visits).
+            let full = last_full.is_none_or(|t| t.elapsed() >= FULL_PASS_EVERY);
+            if full {
+                last_full = Some(tokio::time::Instant::now());
+            }
+            if let Err(e) = self.pass(full).await {
                 tracing::error!(error = %e, "workflow engine: pass failed");
             }
             tokio::select! {
                 _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                _ = tokio::time::sleep(FULL_PASS_EVERY) => {}
             }
         }
     }
 
-    async fn pass(&self) -> Result<(), StoreError> {
+    async fn pass(&self, full: bool) -> Result<(), StoreError> {
         for row in self.store.workflows(None, &[State::New]).await? {
             if let Err(e) = self.render(&row).await {
                 tracing::warn!(workflow = %row.key, error = %e, "workflow engine: rendering");
             }
         }
-        let active = [State::Preparing, State::Running, State::Post];
-        for row in self.store.workflows(None, &active).await? {
+        let active: &[State] = if full {
+            &[State::Preparing, State::Running, State::Post]
+        } else {
+            &[State::Preparing, State::Post]
+        };
+        for row in self.store.workflows(None, active).await? {
             let spec = spec_of(&row);
             let ctx = self.context(&row, &spec).await?;
             let Some((next, effects)) =
