@@ -11,7 +11,8 @@
 //! `worker: '{{.device_1}}'` renders to. It prints one JSON object:
 //! actions/s over the burst (the first action served to the `--expect`th
 //! success), and the latency of `GetAction` and of the reports, split into
-//! the burst and the steady polling after it. When the burst is done it
+//! the burst and the steady polling after it (after `--settle` seconds in
+//! which the server finishes the Workflows). When the burst is done it
 //! writes `burst done` to stderr, so a script can start a measurement of
 //! the steady phase. Every call has a 5 s deadline; the run ends
 //! `--steady` seconds after the burst or at `--max-secs`, whichever is first.
@@ -44,7 +45,11 @@ struct Args {
     /// Actions to run before the burst is over
     #[arg(long)]
     expect: u64,
-    /// Seconds of polling after the burst
+    /// Seconds after the burst left out of the steady figures (the server
+    /// finishing the Workflows: POST, events)
+    #[arg(long, default_value_t = 2)]
+    settle: u64,
+    /// Seconds of polling measured after that
     #[arg(long, default_value_t = 10)]
     steady: u64,
     #[arg(long, default_value_t = 300)]
@@ -156,6 +161,7 @@ struct Shared {
     first_us: AtomicU64,
     burst_us: AtomicU64,
     stop_at: AtomicU64,
+    settle_us: u64,
     steady_us: u64,
 }
 
@@ -257,7 +263,8 @@ async fn agent(
                         let now = sh.us();
                         sh.burst_us.store(now, Ordering::Relaxed);
                         eprintln!("burst done");
-                        sh.stop_at.fetch_min(now + sh.steady_us, Ordering::Relaxed);
+                        sh.stop_at
+                            .fetch_min(now + sh.settle_us + sh.steady_us, Ordering::Relaxed);
                     }
                     // tink-agent asks for the next action at once.
                     continue;
@@ -306,6 +313,7 @@ async fn main() {
         first_us: AtomicU64::new(u64::MAX),
         burst_us: AtomicU64::new(u64::MAX),
         stop_at: AtomicU64::new(a.max_secs * 1_000_000),
+        settle_us: a.settle * 1_000_000,
         steady_us: a.steady * 1_000_000,
     });
     let endpoint = match Endpoint::from_shared(a.addr.clone()) {
@@ -337,9 +345,16 @@ async fn main() {
     let end_us = sh.us();
     let burst = sh.burst_us.load(Ordering::Relaxed);
     let first = sh.first_us.load(Ordering::Relaxed);
+    let steady_from = burst.saturating_add(a.settle * 1_000_000);
     let split = |v: &[Sample], in_burst: bool| -> Vec<u32> {
         v.iter()
-            .filter(|s| (s.at_us < burst) == in_burst)
+            .filter(|s| {
+                if in_burst {
+                    s.at_us < burst
+                } else {
+                    s.at_us >= steady_from
+                }
+            })
             .map(|s| s.lat_us)
             .collect()
     };
