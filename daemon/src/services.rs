@@ -339,7 +339,14 @@ pub struct WorkflowService {
     metrics: Arc<Metrics>,
     /// Wakes the engine.
     pub wake: Arc<Notify>,
+    /// GetAction's refusals by agent, with the store's workflow generation
+    /// they were derived at: a rack of finished agents polling every
+    /// second is answered from here until a Workflow changes.
+    refusals: std::sync::Mutex<std::collections::HashMap<String, (u64, Refusal)>>,
 }
+
+/// Agents whose refusal is remembered, at most (then forgotten at once).
+const MAX_REMEMBERED: usize = 65_536;
 
 impl WorkflowService {
     pub fn new(store: Store, events: EventSink, metrics: Arc<Metrics>, wake: Arc<Notify>) -> Self {
@@ -348,6 +355,7 @@ impl WorkflowService {
             events,
             metrics,
             wake,
+            refusals: Default::default(),
         }
     }
 
@@ -440,9 +448,29 @@ impl WorkflowService {
     /// GetAction for `agent`: the action to run, with `currentState`
     /// written first (retried when another writer came between).
     pub async fn get_action(&self, agent: &str) -> Result<Served, WorkerError> {
+        let remembered = |generation: u64| {
+            let m = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+            m.get(agent)
+                .filter(|(g, _)| *g == generation)
+                .map(|(_, r)| r.clone())
+        };
+        if let Some(r) = remembered(self.store.workflow_generation()) {
+            return Err(r.into());
+        }
         for _ in 0..WRITE_ATTEMPTS {
+            let generation = self.store.workflow_generation();
             let rows = self.store.workflows_of_agent(agent).await?;
-            let served = agent::next_action(agent, &rows)?;
+            let served = match agent::next_action(agent, &rows) {
+                Ok(s) => s,
+                Err(r) => {
+                    let mut m = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+                    if m.len() >= MAX_REMEMBERED {
+                        m.clear();
+                    }
+                    m.insert(agent.to_string(), (generation, r.clone()));
+                    return Err(r.into());
+                }
+            };
             let Some(row) = rows.iter().find(|r| r.key == served.workflow) else {
                 continue;
             };

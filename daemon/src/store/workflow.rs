@@ -33,6 +33,9 @@ impl WorkflowRow {
 pub(super) struct StatusQueue {
     queue: std::sync::Mutex<Vec<StatusWrite>>,
     commit: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Bumped after every committed change of a Workflow (document or
+    /// status): what a cache of answers derived from Workflows checks.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 struct StatusWrite {
@@ -123,7 +126,23 @@ impl Store {
             w_out.push(upsert_document(&mut tx, DocTable::Workflows, &w.key, &w.doc).await?);
         }
         tx.commit().await?;
+        self.bump_workflows();
         Ok((t_out, w_out))
+    }
+
+    /// Changes with every committed change of a Workflow. Read it before
+    /// reading Workflows: an answer derived from them is current while the
+    /// generation is the one read.
+    pub fn workflow_generation(&self) -> u64 {
+        self.statuses
+            .generation
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn bump_workflows(&self) {
+        self.statuses
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     pub async fn template(&self, key: &Key) -> Result<Option<Value>, StoreError> {
@@ -268,6 +287,7 @@ impl Store {
             Ok::<_, StoreError>(results)
         }
         .await;
+        self.bump_workflows();
         match all {
             Ok(results) => {
                 for (w, r) in batch.into_iter().zip(results) {
@@ -284,6 +304,7 @@ impl Store {
                         Ok::<_, StoreError>(r)
                     }
                     .await;
+                    self.bump_workflows();
                     let _ = w.reply.send(one.and_then(|r| r));
                 }
             }
@@ -296,6 +317,7 @@ impl Store {
             .bind(&key.name)
             .execute(self.pool())
             .await?;
+        self.bump_workflows();
         Ok(r.rows_affected() > 0)
     }
 }
@@ -336,11 +358,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("t.db")).await.unwrap();
         let w = wf("w1");
+        let g0 = store.workflow_generation();
         let (_, o) = store
             .apply_tink(&[], std::slice::from_ref(&w))
             .await
             .unwrap();
         assert_eq!(o, [Outcome::Created]);
+        // Every committed change moves the generation (GetAction's cache).
+        let g1 = store.workflow_generation();
+        assert!(g1 > g0);
         let row = store.workflow(&w.key).await.unwrap().unwrap();
         assert_eq!(row.status.state, State::New);
         let mut s = row.status.clone();
@@ -354,6 +380,8 @@ mod tests {
             .save_workflow_status(&w.key, row.version, &s)
             .await
             .unwrap();
+        let g2 = store.workflow_generation();
+        assert!(g2 > g1);
         // A second writer that read the old version loses, and says so.
         let e = store
             .save_workflow_status(&w.key, row.version, &s)
@@ -393,7 +421,9 @@ mod tests {
             store.workflows(Some("default"), &[]).await.unwrap().len(),
             1
         );
+        let g3 = store.workflow_generation();
         assert!(store.delete_tink(TinkKind::Workflow, &w.key).await.unwrap());
+        assert!(store.workflow_generation() > g3);
         assert!(!store.delete_tink(TinkKind::Workflow, &w.key).await.unwrap());
     }
 
