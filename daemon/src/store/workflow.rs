@@ -442,9 +442,11 @@ mod tests {
             for n in 0..2 {
                 let (store, key) = (store.clone(), w.key.clone());
                 tasks.push(tokio::spawn(async move {
-                    let mut s = Status::default();
-                    s.state = State::Pending;
-                    s.agent_id = Some(format!("agent-{i}-{n}"));
+                    let s = Status {
+                        state: State::Pending,
+                        agent_id: Some(format!("agent-{i}-{n}")),
+                        ..Status::default()
+                    };
                     let r = store.save_workflow_status(&key, v0, &s).await;
                     (i, r)
                 }));
