@@ -364,8 +364,11 @@ async fn main() {
     } else {
         f64::NAN
     };
+    // Samples are taken from steady_from until stop_at (an agent asleep at
+    // stop_at wakes only to end).
+    let stop_at = sh.stop_at.load(Ordering::Relaxed).min(end_us);
     let steady_s = if burst != u64::MAX {
-        (end_us.saturating_sub(burst)) as f64 / 1e6
+        stop_at.saturating_sub(steady_from) as f64 / 1e6
     } else {
         0.0
     };
