@@ -292,11 +292,19 @@ async fn serve_tink(
                         key.display()
                     )
                 })?;
-            let server = axum_server::from_tcp_rustls(sock, tls)?.handle(handle.clone());
+            // TCP_NODELAY, as gRPC servers set it: an answer is several
+            // small HTTP/2 frames, none of which should wait for an ACK.
+            let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
+                .acceptor(axum_server::accept::NoDelayAcceptor::new());
+            let server = axum_server::from_tcp(sock)?
+                .acceptor(acceptor)
+                .handle(handle.clone());
             tokio::spawn(async move { server.serve(router.into_make_service()).await })
         }
         _ => {
-            let server = axum_server::from_tcp(sock)?.handle(handle.clone());
+            let server = axum_server::from_tcp(sock)?
+                .acceptor(axum_server::accept::NoDelayAcceptor::new())
+                .handle(handle.clone());
             tokio::spawn(async move { server.serve(router.into_make_service()).await })
         }
     };
