@@ -13,8 +13,9 @@
 //! success), and the latency of `GetAction` and of the reports, split into
 //! the burst and the steady polling after it (after `--settle` seconds in
 //! which the server finishes the Workflows). When the burst is done it
-//! writes `burst done` to stderr, so a script can start a measurement of
-//! the steady phase. Every call has a 5 s deadline; the run ends
+//! writes `burst done` to stderr, and `steady done` when the measured
+//! polling is over and the `--tail` (polling, unmeasured) begins, so that a
+//! script can measure something else under that load. Every call has a 5 s deadline; the run ends
 //! `--steady` seconds after the burst or at `--max-secs`, whichever is first.
 //!
 //! The messages are written out by hand with prost's derive (wire-identical
@@ -52,6 +53,11 @@ struct Args {
     /// Seconds of polling measured after that
     #[arg(long, default_value_t = 10)]
     steady: u64,
+    /// Seconds of polling after the measured window, unmeasured (the load
+    /// under which a script measures something else; `steady done` on
+    /// stderr marks its start)
+    #[arg(long, default_value_t = 0)]
+    tail: u64,
     #[arg(long, default_value_t = 300)]
     max_secs: u64,
 }
@@ -163,6 +169,7 @@ struct Shared {
     stop_at: AtomicU64,
     settle_us: u64,
     steady_us: u64,
+    tail_us: u64,
 }
 
 impl Shared {
@@ -263,8 +270,10 @@ async fn agent(
                         let now = sh.us();
                         sh.burst_us.store(now, Ordering::Relaxed);
                         eprintln!("burst done");
-                        sh.stop_at
-                            .fetch_min(now + sh.settle_us + sh.steady_us, Ordering::Relaxed);
+                        sh.stop_at.fetch_min(
+                            now + sh.settle_us + sh.steady_us + sh.tail_us,
+                            Ordering::Relaxed,
+                        );
                     }
                     // tink-agent asks for the next action at once.
                     continue;
@@ -315,7 +324,26 @@ async fn main() {
         stop_at: AtomicU64::new(a.max_secs * 1_000_000),
         settle_us: a.settle * 1_000_000,
         steady_us: a.steady * 1_000_000,
+        tail_us: a.tail * 1_000_000,
     });
+    // Says when the measured window is over (the tail begins).
+    let watch = {
+        let sh = sh.clone();
+        let window = (a.settle + a.steady) * 1_000_000;
+        tokio::spawn(async move {
+            loop {
+                let burst = sh.burst_us.load(Ordering::Relaxed);
+                if burst != u64::MAX && sh.us() >= burst + window {
+                    eprintln!("steady done");
+                    return;
+                }
+                if sh.us() >= sh.stop_at.load(Ordering::Relaxed) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
     let endpoint = match Endpoint::from_shared(a.addr.clone()) {
         Ok(e) => e.connect_timeout(DEADLINE).timeout(DEADLINE),
         Err(e) => {
@@ -345,14 +373,16 @@ async fn main() {
     let end_us = sh.us();
     let burst = sh.burst_us.load(Ordering::Relaxed);
     let first = sh.first_us.load(Ordering::Relaxed);
+    watch.abort();
     let steady_from = burst.saturating_add(a.settle * 1_000_000);
+    let steady_end = steady_from.saturating_add(a.steady * 1_000_000);
     let split = |v: &[Sample], in_burst: bool| -> Vec<u32> {
         v.iter()
             .filter(|s| {
                 if in_burst {
                     s.at_us < burst
                 } else {
-                    s.at_us >= steady_from
+                    s.at_us >= steady_from && s.at_us < steady_end
                 }
             })
             .map(|s| s.lat_us)
@@ -364,11 +394,12 @@ async fn main() {
     } else {
         f64::NAN
     };
-    // Samples are taken from steady_from until stop_at (an agent asleep at
-    // stop_at wakes only to end).
-    let stop_at = sh.stop_at.load(Ordering::Relaxed).min(end_us);
+    // The measured window: steady_from to steady_end, or the run's end.
+    let steady_end = steady_end
+        .min(sh.stop_at.load(Ordering::Relaxed))
+        .min(end_us);
     let steady_s = if burst != u64::MAX {
-        stop_at.saturating_sub(steady_from) as f64 / 1e6
+        steady_end.saturating_sub(steady_from) as f64 / 1e6
     } else {
         0.0
     };
