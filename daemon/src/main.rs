@@ -177,8 +177,8 @@ enum BmcCommand {
         /// Eject what is inserted
         #[arg(long)]
         eject: bool,
-        #[arg(long, value_enum, default_value_t = MediaKindArg::Cd)]
-        kind: MediaKindArg,
+        #[arg(long, value_enum, default_value_t = tinkerbox::bmc::model::MediaKind::Cd)]
+        kind: tinkerbox::bmc::model::MediaKind,
         #[arg(short, long)]
         namespace: Option<String>,
         #[arg(long)]
@@ -189,27 +189,6 @@ enum BmcCommand {
         #[command(subcommand)]
         command: JobCommand,
     },
-}
-
-/// Redfish virtual media kinds, as the CLI spells them.
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum MediaKindArg {
-    Cd,
-    Dvd,
-    Floppy,
-    Usb,
-}
-
-impl From<MediaKindArg> for tinkerbox::bmc::model::MediaKind {
-    fn from(k: MediaKindArg) -> Self {
-        use tinkerbox::bmc::model::MediaKind;
-        match k {
-            MediaKindArg::Cd => MediaKind::Cd,
-            MediaKindArg::Dvd => MediaKind::Dvd,
-            MediaKindArg::Floppy => MediaKind::Floppy,
-            MediaKindArg::Usb => MediaKind::UsbStick,
-        }
-    }
 }
 
 #[derive(Subcommand)]
@@ -436,7 +415,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                         &t,
                         name,
                         namespace.as_deref(),
-                        (*kind).into(),
+                        *kind,
                         url.as_deref(),
                         !no_wait,
                     )

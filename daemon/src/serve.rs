@@ -232,15 +232,7 @@ async fn listen(app: &Arc<App>, token: Arc<str>) -> anyhow::Result<Running> {
     let api_handle = axum_server::Handle::<std::net::SocketAddr>::new();
     let api_task = match (&config.api.tls_cert, &config.api.tls_key) {
         (Some(cert), Some(key)) => {
-            let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
-                .await
-                .with_context(|| {
-                    format!(
-                        "api.tls_cert/api.tls_key ({}, {})",
-                        cert.display(),
-                        key.display()
-                    )
-                })?;
+            let tls = rustls_config(cert, key, "api").await?;
             let server = axum_server::from_tcp_rustls(api_sock, tls)?.handle(api_handle.clone());
             tokio::spawn(async move { server.serve(api_app.into_make_service()).await })
         }
@@ -268,6 +260,23 @@ async fn listen(app: &Arc<App>, token: Arc<str>) -> anyhow::Result<Running> {
     })
 }
 
+/// A listener's certificate and key (`[table] tls_cert`, `tls_key`).
+async fn rustls_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    table: &str,
+) -> anyhow::Result<axum_server::tls_rustls::RustlsConfig> {
+    axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+        .await
+        .with_context(|| {
+            format!(
+                "{table}.tls_cert/{table}.tls_key ({}, {})",
+                cert.display(),
+                key.display()
+            )
+        })
+}
+
 /// Tink's gRPC API (HTTP/2, optionally TLS) on `[tink] listen`.
 async fn serve_tink(
     app: Arc<App>,
@@ -283,15 +292,7 @@ async fn serve_tink(
     let handle = axum_server::Handle::<std::net::SocketAddr>::new();
     let task = match (&tink.tls_cert, &tink.tls_key) {
         (Some(cert), Some(key)) => {
-            let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
-                .await
-                .with_context(|| {
-                    format!(
-                        "tink.tls_cert/tink.tls_key ({}, {})",
-                        cert.display(),
-                        key.display()
-                    )
-                })?;
+            let tls = rustls_config(cert, key, "tink").await?;
             // TCP_NODELAY, as gRPC servers set it: an answer is several
             // small HTTP/2 frames, none of which should wait for an ACK.
             let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)

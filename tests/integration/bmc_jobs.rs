@@ -119,6 +119,36 @@ spec:
     )
 }
 
+/// The BMC documents for `sushy`, Hardware node-1, Template t1 (one action
+/// for `worker`) and Workflow wf1 with `boot_options`, applied together;
+/// what `apply` printed.
+fn apply_workflow(d: &Daemon, sushy: &Sushy, worker: &str, boot_options: &str) -> String {
+    let wf = format!(
+        r#"---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Template
+metadata: {{name: t1}}
+spec:
+  data: |
+    name: t1
+    tasks:
+    - {{name: a, worker: "{worker}", actions: [{{name: x, image: bash}}]}}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Workflow
+metadata: {{name: wf1}}
+spec:
+  templateRef: t1
+  hardwareRef: node-1
+  hardwareMap: {{device_1: "52:54:00:88:00:01"}}
+  bootOptions: {boot_options}
+"#
+    );
+    let all = format!("{}{wf}", docs(&format!("http://127.0.0.1:{}", sushy.port)));
+    let f = write_file(&d.dir, "all.yaml", &all);
+    d.cli_ok(&["apply", "-f", f.to_str().unwrap()])
+}
+
 fn apply_all(d: &Daemon, text: &str) {
     let (bmc, hw): (Vec<&str>, Vec<&str>) = text
         .split("---\n")
@@ -382,28 +412,12 @@ fn power_changes_made_elsewhere_become_events() {
 fn a_workflow_with_boot_mode_netboot_runs_its_bmc_job() {
     let sushy = Sushy::start();
     let d = Daemon::start();
-    let wf = r#"---
-apiVersion: tinkerbell.org/v1alpha1
-kind: Template
-metadata: {name: t1}
-spec:
-  data: |
-    name: t1
-    tasks:
-    - {name: a, worker: "{{.device_1}}", actions: [{name: x, image: bash}]}
----
-apiVersion: tinkerbell.org/v1alpha1
-kind: Workflow
-metadata: {name: wf1}
-spec:
-  templateRef: t1
-  hardwareRef: node-1
-  hardwareMap: {device_1: "52:54:00:88:00:01"}
-  bootOptions: {toggleAllowNetboot: true, bootMode: netboot}
-"#;
-    let all = format!("{}{wf}", docs(&format!("http://127.0.0.1:{}", sushy.port)));
-    let f = write_file(&d.dir, "all.yaml", &all);
-    let out = d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    let out = apply_workflow(
+        &d,
+        &sushy,
+        "{{.device_1}}",
+        "{toggleAllowNetboot: true, bootMode: netboot}",
+    );
     assert!(
         out.contains("machine.bmc.tinkerbell.org/bmc-1 created")
             && out.contains("workflow.tinkerbell.org/wf1 created"),
@@ -465,45 +479,14 @@ fn a_workflow_with_boot_mode_isoboot_mounts_and_ejects_the_iso() {
     std::fs::create_dir_all(&artifacts).unwrap();
     std::fs::write(artifacts.join("hook.iso"), vec![0x5a_u8; 256 * 1024]).unwrap();
     let iso = format!("http://{}/artifacts/hook.iso", d.http);
-    let wf = format!(
-        r#"---
-apiVersion: tinkerbell.org/v1alpha1
-kind: Template
-metadata: {{name: t1}}
-spec:
-  data: |
-    name: t1
-    tasks:
-    - {{name: a, worker: "{{{{.device_1}}}}", actions: [{{name: x, image: bash}}]}}
----
-apiVersion: tinkerbell.org/v1alpha1
-kind: Workflow
-metadata: {{name: wf1}}
-spec:
-  templateRef: t1
-  hardwareRef: node-1
-  hardwareMap: {{device_1: "52:54:00:88:00:01"}}
-  bootOptions: {{toggleAllowNetboot: true, bootMode: isoboot, isoURL: "{iso}"}}
-"#
+    apply_workflow(
+        &d,
+        &sushy,
+        "{{.device_1}}",
+        &format!("{{toggleAllowNetboot: true, bootMode: isoboot, isoURL: \"{iso}\"}}"),
     );
-    let all = format!("{}{wf}", docs(&format!("http://127.0.0.1:{}", sushy.port)));
-    let f = write_file(&d.dir, "all.yaml", &all);
-    d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
-    let state = |want: &str| {
-        let start = Instant::now();
-        loop {
-            let w: Value =
-                serde_json::from_str(&d.cli_ok(&["get", "workflow", "wf1", "-o", "json"])).unwrap();
-            if w["status"]["state"] == want {
-                return w;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "wf1 not {want}: {w:#}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
+    let state =
+        |want: &str| crate::tink::wait_state_within(&d, "wf1", want, Duration::from_secs(60));
     let w = state("PENDING");
     assert_eq!(
         w["status"]["bootOptions"]["jobs"]["iso-mount-wf1"]["complete"], true,
@@ -562,44 +545,17 @@ spec:
 fn an_iso_the_bmc_cannot_fetch_fails_the_workflow() {
     let sushy = Sushy::start();
     let d = Daemon::start();
-    let wf = format!(
-        r#"---
-apiVersion: tinkerbell.org/v1alpha1
-kind: Template
-metadata: {{name: t1}}
-spec:
-  data: |
-    name: t1
-    tasks:
-    - {{name: a, worker: w, actions: [{{name: x, image: bash}}]}}
----
-apiVersion: tinkerbell.org/v1alpha1
-kind: Workflow
-metadata: {{name: wf1}}
-spec:
-  templateRef: t1
-  hardwareRef: node-1
-  bootOptions: {{bootMode: iso, isoURL: "http://{}/artifacts/missing.iso"}}
-"#,
-        d.http
+    apply_workflow(
+        &d,
+        &sushy,
+        "w",
+        &format!(
+            "{{bootMode: iso, isoURL: \"http://{}/artifacts/missing.iso\"}}",
+            d.http
+        ),
     );
-    let all = format!("{}{wf}", docs(&format!("http://127.0.0.1:{}", sushy.port)));
-    let f = write_file(&d.dir, "all.yaml", &all);
-    d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
-    let start = Instant::now();
-    let w = loop {
-        let w: Value =
-            serde_json::from_str(&d.cli_ok(&["get", "workflow", "wf1", "-o", "json"])).unwrap();
-        if w["status"]["state"] == "FAILED" {
-            break w;
-        }
-        // The job retries with backoff before it gives up.
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "wf1 not FAILED: {w:#}"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    };
+    // The job retries with backoff before it gives up.
+    let w = crate::tink::wait_state_within(&d, "wf1", "FAILED", Duration::from_secs(120));
     let failed = w["status"]["conditions"]
         .as_array()
         .unwrap()

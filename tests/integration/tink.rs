@@ -47,16 +47,18 @@ fn workflow(d: &Daemon, name: &str) -> Value {
 
 /// Bounded wait for the Workflow's state.
 fn wait_state(d: &Daemon, name: &str, want: &str) -> Value {
+    wait_state_within(d, name, want, Duration::from_secs(20))
+}
+
+/// The same, with its bound (BMC jobs retry with backoff).
+pub(crate) fn wait_state_within(d: &Daemon, name: &str, want: &str, bound: Duration) -> Value {
     let start = Instant::now();
     loop {
         let w = workflow(d, name);
         if w["status"]["state"] == want {
             return w;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{name} not {want}: {w:#}"
-        );
+        assert!(start.elapsed() < bound, "{name} not {want}: {w:#}");
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -207,18 +207,7 @@ async fn media(
 ) -> Result<Json<Value>, ApiError> {
     let Json(b) = body.map_err(|e| ApiError::bad_request(FieldError::new("url", e.body_text())))?;
     if !b.url.is_empty() {
-        match url::Url::parse(&b.url) {
-            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
-            _ => {
-                return Err(ApiError::bad_request(FieldError::new(
-                    "url",
-                    format!(
-                        "{:?}: want an http:// or https:// URL the BMC can fetch",
-                        b.url
-                    ),
-                )));
-            }
-        }
+        model::media_url(&b.url).map_err(|m| ApiError::bad_request(FieldError::new("url", m)))?;
     }
     let job = if b.url.is_empty() {
         "media-eject"

@@ -158,8 +158,20 @@ pub struct VirtualMediaAction {
     pub media_url: String,
 }
 
+/// An image URL for virtual media: the BMC fetches it itself, so http or
+/// https with a host.
+pub fn media_url(u: &str) -> Result<(), String> {
+    match url::Url::parse(u) {
+        Ok(p) if matches!(p.scheme(), "http" | "https") && p.host().is_some() => Ok(()),
+        Ok(_) => Err(format!(
+            "{u:?}: want an http:// or https:// URL the BMC can fetch"
+        )),
+        Err(e) => Err(format!("{u:?} is not a URL: {e}")),
+    }
+}
+
 /// Redfish `MediaTypes` values Rufio accepts as a `kind`.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
 pub enum MediaKind {
     #[serde(rename = "CD")]
     Cd,

@@ -142,15 +142,20 @@ pub fn phase_job(workflow: &str, spec: &WorkflowSpec, state: State) -> Option<St
 pub fn netboot_tasks(efi: bool) -> Vec<Action> {
     vec![
         power(PowerAction::Off),
-        Action {
-            one_time_boot_device_action: Some(OneTimeBootDeviceAction {
-                device: vec![BootDevice::Pxe],
-                efi_boot: efi,
-            }),
-            ..Action::default()
-        },
+        boot_once(BootDevice::Pxe, efi),
         power(PowerAction::On),
     ]
+}
+
+/// Rufio's one-time boot device, as tink-controller asks for it.
+fn boot_once(device: BootDevice, efi: bool) -> Action {
+    Action {
+        one_time_boot_device_action: Some(OneTimeBootDeviceAction {
+            device: vec![device],
+            efi_boot: efi,
+        }),
+        ..Action::default()
+    }
 }
 
 fn power(p: PowerAction) -> Action {
@@ -206,13 +211,7 @@ fn phase_tasks(spec: &WorkflowSpec, state: State, hw: &Value) -> Result<Vec<Acti
                 power(PowerAction::Off),
                 media(""),
                 media(url),
-                Action {
-                    one_time_boot_device_action: Some(OneTimeBootDeviceAction {
-                        device: vec![BootDevice::Cdrom],
-                        efi_boot: efi,
-                    }),
-                    ..Action::default()
-                },
+                boot_once(BootDevice::Cdrom, efi),
                 power(PowerAction::On),
             ])
         }

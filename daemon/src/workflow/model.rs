@@ -367,21 +367,8 @@ pub fn workflow(mut doc: Value) -> Result<Workflow, FieldError> {
         .as_deref()
         .filter(|u| !u.trim().is_empty())
     {
-        match url::Url::parse(u) {
-            Ok(p) if matches!(p.scheme(), "http" | "https") && p.host().is_some() => {}
-            Ok(_) => {
-                return Err(FieldError::new(
-                    "spec.bootOptions.isoURL",
-                    format!("{u:?}: want an http:// or https:// URL (the BMC fetches it)"),
-                ));
-            }
-            Err(e) => {
-                return Err(FieldError::new(
-                    "spec.bootOptions.isoURL",
-                    format!("{u:?} is not a URL: {e}"),
-                ));
-            }
-        }
+        crate::bmc::model::media_url(u)
+            .map_err(|m| FieldError::new("spec.bootOptions.isoURL", m))?;
     }
     let c = &spec.boot_options.customboot_config;
     for (list, name) in [
