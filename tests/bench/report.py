@@ -276,7 +276,8 @@ def main():
             "-", None, None)
         add(f"ReportActionStatus p50/p99 ms", f"{fmt(rp.get('p50_ms'))}/{fmt(rp.get('p99_ms'))}", "-", None, None)
         p99 = gs.get("p99_ms")
-        add(f"GetAction p99 ms, {n} agents polling every s ({fmt(wa.get('steady_get_per_s'))}/s)", p99,
+        how = "in lockstep" if wa.get("jitter") == 0 else f"every s +-{fmt(wa.get('jitter'))}"
+        add(f"GetAction p99 ms, {n} agents polling {how} ({fmt(wa.get('steady_get_per_s'))}/s)", p99,
             "-", None, None, "< 5 ms", None if p99 is None else p99 < 5)
     di, dp = find(rows, "workflow", "tinkerbox", "dhcp-idle"), find(rows, "workflow", "tinkerbox", "dhcp-polling")
     if di and dp:

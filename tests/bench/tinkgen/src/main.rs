@@ -1,6 +1,7 @@
 //! A tink-agent load generator for `tests/bench`: `--agents` agents, each on
 //! its own HTTP/2 connection (one machine, one connection, as in a rack),
-//! polling `GetAction` every `--interval-ms` as tink-agent does. An agent
+//! polling `GetAction` every `--interval-ms` (± `--jitter`, as tink-agent's
+//! backoff randomizes its waits). An agent
 //! that is served an action runs it at once: `ReportActionStatus` RUNNING,
 //! then SUCCESS, then asks for the next without waiting.
 //!
@@ -43,6 +44,12 @@ struct Args {
     first: u32,
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
+    /// Each wait is the interval times 1 ± this, at random: tink-agent's
+    /// backoff (cenkalti/backoff, RandomizationFactor 0.5) jitters its
+    /// polls so, and without it agents that finished their Workflows
+    /// together poll together for ever. 0 polls in lockstep.
+    #[arg(long, default_value_t = 0.5)]
+    jitter: f64,
     /// Actions to run before the burst is over
     #[arg(long)]
     expect: u64,
@@ -200,8 +207,10 @@ async fn agent(
     ch: Channel,
     sh: Arc<Shared>,
     interval: Duration,
+    jitter: f64,
     offset: Duration,
 ) -> AgentLog {
+    let mut rng = fastrand::Rng::with_seed(u64::from(i));
     let id = mac(i);
     let mut log = AgentLog::default();
     tokio::time::sleep(offset).await;
@@ -288,7 +297,7 @@ async fn agent(
                 }
             }
         }
-        let next = t0 + interval;
+        let next = t0 + interval.mul_f64(1.0 + jitter * (2.0 * rng.f64() - 1.0));
         tokio::time::sleep_until(next.into()).await;
     }
 }
@@ -315,6 +324,7 @@ fn pct(mut v: Vec<u32>) -> serde_json::Value {
 async fn main() {
     let a = Args::parse();
     let interval = Duration::from_millis(a.interval_ms.max(1));
+    let jitter = a.jitter.clamp(0.0, 0.99);
     let sh = Arc::new(Shared {
         start: Instant::now(),
         expect: a.expect,
@@ -357,7 +367,14 @@ async fn main() {
         let sh = sh.clone();
         // Spread over one interval, as machines booted at different times.
         let offset = interval * k / a.agents.max(1);
-        tasks.push(tokio::spawn(agent(a.first + k, ch, sh, interval, offset)));
+        tasks.push(tokio::spawn(agent(
+            a.first + k,
+            ch,
+            sh,
+            interval,
+            jitter,
+            offset,
+        )));
     }
     let mut all = AgentLog::default();
     for t in tasks {
@@ -404,8 +421,24 @@ async fn main() {
         0.0
     };
     let steady_get = split(&all.get, false);
+    // How evenly the polls arrive: the most GetActions begun in one 10 ms
+    // slot of the measured window (1,000 agents a second spread evenly
+    // start about 10 in each).
+    let peak_10ms = {
+        let mut slots = std::collections::HashMap::<u64, u32>::new();
+        for s in all
+            .get
+            .iter()
+            .filter(|s| s.at_us >= steady_from && s.at_us < steady_end)
+        {
+            *slots.entry(s.at_us / 10_000).or_default() += 1;
+        }
+        slots.into_values().max().unwrap_or(0)
+    };
     let out = serde_json::json!({
         "agents": a.agents,
+        "interval_ms": a.interval_ms,
+        "jitter": jitter,
         "expect": a.expect,
         "actions": done,
         "complete": done >= a.expect,
@@ -415,6 +448,7 @@ async fn main() {
         "steady_get_per_s": if steady_s > 0.0 { (steady_get.len() as f64 / steady_s).round() } else { 0.0 },
         "get_burst": pct(split(&all.get, true)),
         "get_steady": pct(steady_get),
+        "steady_peak_10ms": peak_10ms,
         "report": pct(all.report.iter().map(|s| s.lat_us).collect()),
         "codes": all.codes,
         "errors": all.errors.into_iter().take(10).collect::<Vec<_>>(),
