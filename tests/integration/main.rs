@@ -1,6 +1,7 @@
 //! Integration tests: the real `tinkerbox` binary, driven by its own CLI and
 //! by curl/openssl, on loopback ports. One test binary (one link) for all.
 
+mod agent;
 mod bmc_ipmi;
 mod bmc_jobs;
 mod bmc_redfish;

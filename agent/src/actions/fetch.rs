@@ -1,0 +1,162 @@
+//! Downloads as a byte stream for a blocking consumer: the HTTP body is
+//! read on the runtime and handed, chunk by chunk through a bounded
+//! channel, to a thread that decompresses and writes. Network and disk
+//! overlap, memory stays at a few chunks, and nothing is held whole.
+
+use super::ActionError;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use std::io::Read;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Chunks in flight between the download and the writer.
+const CHANNEL_CHUNKS: usize = 64;
+/// A stalled download fails after this long without a byte.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The HTTP client of every action: timeouts on connect and on every read
+/// (a download may take long, a silent server may not).
+pub fn client() -> Result<reqwest::Client, ActionError> {
+    reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .read_timeout(READ_TIMEOUT)
+        .user_agent(concat!("tinkerbox-agent/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| ActionError::Failed(format!("HTTP client: {e}")))
+}
+
+/// GET `url`, failing on a status other than 2xx.
+pub async fn get(url: &str) -> Result<reqwest::Response, ActionError> {
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|e| ActionError::Env(format!("{url:?} is not a URL: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(ActionError::Env(format!(
+            "{url:?}: only http and https URLs can be fetched"
+        )));
+    }
+    let resp = client()?
+        .get(parsed)
+        .send()
+        .await
+        .map_err(|e| ActionError::Failed(format!("GET {url}: {}", chain(&e))))?;
+    if !resp.status().is_success() {
+        return Err(ActionError::Failed(format!("GET {url}: {}", resp.status())));
+    }
+    Ok(resp)
+}
+
+/// The error and its causes on one line (reqwest's Display alone says
+/// only "error sending request").
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+enum Chunk {
+    Data(Bytes),
+    Failed(String),
+    End,
+}
+
+/// Bytes read from the network so far, for progress.
+#[derive(Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// The blocking end: a `Read` over the chunks. A download cut short (an
+/// error, or the sender gone without saying it is done) is an error here,
+/// never a silent end of file.
+pub struct BodyReader {
+    rx: mpsc::Receiver<Chunk>,
+    cur: Bytes,
+    done: bool,
+}
+
+impl Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.cur.is_empty() {
+            if self.done {
+                return Ok(0);
+            }
+            match self.rx.blocking_recv() {
+                Some(Chunk::Data(b)) => self.cur = b,
+                Some(Chunk::End) => self.done = true,
+                Some(Chunk::Failed(e)) => return Err(std::io::Error::other(e)),
+                None => return Err(std::io::Error::other("the download was cut short")),
+            }
+        }
+        let n = buf.len().min(self.cur.len());
+        buf[..n].copy_from_slice(&self.cur[..n]);
+        let _ = self.cur.split_to(n);
+        Ok(n)
+    }
+}
+
+/// Splits `resp` into the pump (await it on the runtime) and the reader
+/// (use it on a blocking thread). The pump checks the body's length
+/// against Content-Length.
+pub fn stream(
+    resp: reqwest::Response,
+    read: Arc<Counter>,
+) -> (impl std::future::Future<Output = ()>, BodyReader) {
+    let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
+    let expect = resp.content_length();
+    let pump = async move {
+        let mut body = resp.bytes_stream();
+        let mut got = 0u64;
+        while let Some(c) = body.next().await {
+            match c {
+                Ok(b) => {
+                    got += b.len() as u64;
+                    read.add(b.len() as u64);
+                    if tx.send(Chunk::Data(b)).await.is_err() {
+                        return; // the writer stopped; it says why
+                    }
+                }
+                Err(e) => {
+                    let _ = tx
+                        .send(Chunk::Failed(format!("download failed: {}", chain(&e))))
+                        .await;
+                    return;
+                }
+            }
+        }
+        let last = match expect {
+            Some(n) if n != got => {
+                Chunk::Failed(format!("download ended after {got} of {n} bytes"))
+            }
+            _ => Chunk::End,
+        };
+        let _ = tx.send(last).await;
+    };
+    (
+        pump,
+        BodyReader {
+            rx,
+            cur: Bytes::new(),
+            done: false,
+        },
+    )
+}
+
+pub fn mib(n: u64) -> String {
+    format!("{:.1} MiB", n as f64 / 1048576.0)
+}
