@@ -87,7 +87,10 @@ fn main() -> ExitCode {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let console = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Plain text: the console is a serial line that ends up in log files.
+    let console = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_writer(std::io::stderr);
     let remote = opts
         .syslog_host
         .as_deref()

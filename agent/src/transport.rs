@@ -58,31 +58,41 @@ pub fn client(o: &Options) -> anyhow::Result<Client> {
 }
 
 fn tls_config(insecure: bool) -> anyhow::Result<rustls::ClientConfig> {
+    let (mut config, roots) = rustls_config(insecure)?;
+    if !insecure && roots == 0 {
+        anyhow::bail!(
+            "tinkerbell_tls=true but no CA certificates were found (SSL_CERT_FILE, /etc/ssl/certs); \
+             add them to the OSIE or set tinkerbell_insecure_tls=true"
+        );
+    }
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// A rustls client config with the system's CA certificates (none in a
+/// bare OSIE: then only plain HTTP and `insecure` work), or with no
+/// verification at all; and how many roots it has.
+pub fn rustls_config(insecure: bool) -> anyhow::Result<(rustls::ClientConfig, usize)> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
-    let mut config = if insecure {
-        builder
+    if insecure {
+        let c = builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
-            .with_no_client_auth()
-    } else {
-        let mut roots = rustls::RootCertStore::empty();
-        let found = rustls_native_certs::load_native_certs();
-        for cert in found.certs {
-            // A bad certificate in the system store is skipped, as curl does.
-            let _ = roots.add(cert);
-        }
-        if roots.is_empty() {
-            anyhow::bail!(
-                "tinkerbell_tls=true but no CA certificates were found (SSL_CERT_FILE, /etc/ssl/certs); \
-                 add them to the OSIE or set tinkerbell_insecure_tls=true"
-            );
-        }
-        builder.with_root_certificates(roots).with_no_client_auth()
-    };
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(config)
+            .with_no_client_auth();
+        return Ok((c, 0));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        // A bad certificate in the system store is skipped, as curl does.
+        let _ = roots.add(cert);
+    }
+    let n = roots.len();
+    Ok((
+        builder.with_root_certificates(roots).with_no_client_auth(),
+        n,
+    ))
 }
 
 /// `tinkerbell_insecure_tls=true`: any certificate is accepted, the

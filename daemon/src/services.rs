@@ -500,11 +500,7 @@ impl WorkflowService {
                 return Err(Refusal::NotFound(format!("workflow {key} not found")).into());
             };
             let next = apply(&row.status)?;
-            match self
-                .store
-                .save_workflow_status(key, row.version, &next)
-                .await
-            {
+            match self.save_status(&row, &next).await {
                 Ok(_) => {
                     // The engine acts on states (POST, ...), not on
                     // action reports: wake it only when the state moved.

@@ -304,6 +304,40 @@ fn the_agent_installs_and_configures_a_machine() {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    // Every step is in the machine's history: the engine's state changes
+    // and each action the agent reported, with its seconds.
+    let ev: Value =
+        serde_json::from_str(&d.cli_ok(&["events", "install", "--limit", "500", "-o", "json"]))
+            .unwrap();
+    let kinds: Vec<&str> = ev
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    for k in [
+        "workflow.state",
+        "workflow.action_started",
+        "workflow.action_succeeded",
+    ] {
+        assert!(kinds.contains(&k), "no {k} event: {kinds:?}");
+    }
+    let succeeded = kinds
+        .iter()
+        .filter(|k| **k == "workflow.action_succeeded")
+        .count();
+    assert_eq!(succeeded, 5, "{kinds:?}");
+    let states: Vec<String> = ev
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "workflow.state")
+        .map(|e| e["fields"]["to"].as_str().unwrap_or("").to_string())
+        .collect();
+    for s in ["PENDING", "RUNNING", "POST", "SUCCESS"] {
+        assert!(states.iter().any(|x| x == s), "no move to {s}: {states:?}");
+    }
+
     // The inventory learned the machine's hardware from the agent.
     let hw: Value =
         serde_json::from_str(&d.cli_ok(&["get", "hardware", "install", "-o", "json"])).unwrap();

@@ -21,12 +21,23 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The HTTP client of every action: timeouts on connect and on every read
 /// (a download may take long, a silent server may not).
 pub fn client() -> Result<reqwest::Client, ActionError> {
+    client_with(false)
+}
+
+/// The same, accepting any certificate when `insecure` (oci2disk's
+/// SKIP_VERIFY). The TLS config is ours: reqwest's own wants the system's
+/// CA store, which a bare OSIE does not have, and plain HTTP must work
+/// without one.
+pub fn client_with(insecure: bool) -> Result<reqwest::Client, ActionError> {
+    let (tls, _) = crate::transport::rustls_config(insecure)
+        .map_err(|e| ActionError::Failed(format!("TLS setup: {e}")))?;
     reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
         .connect_timeout(CONNECT_TIMEOUT)
         .read_timeout(READ_TIMEOUT)
         .user_agent(concat!("tinkerbox-agent/", env!("CARGO_PKG_VERSION")))
         .build()
-        .map_err(|e| ActionError::Failed(format!("HTTP client: {e}")))
+        .map_err(|e| ActionError::Failed(format!("HTTP client: {}", chain(&e))))
 }
 
 /// GET `url`, failing on a status other than 2xx.

@@ -15,7 +15,7 @@
 //! tamper-evident.
 
 use super::disk::stream_to_disk;
-use super::fetch::{CONNECT_TIMEOUT, READ_TIMEOUT, chain};
+use super::fetch::chain;
 use super::{ActionError, Env, Progress};
 use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, AUTHORIZATION, WWW_AUTHENTICATE};
@@ -328,14 +328,7 @@ pub async fn oci2disk(env: &Env<'_>, progress: &Progress) -> Result<String, Acti
         _ => None,
     };
     let r = parse_reference(img)?;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let http = reqwest::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .read_timeout(READ_TIMEOUT)
-        .danger_accept_invalid_certs(skip_verify)
-        .user_agent(concat!("tinkerbox-agent/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| ActionError::Failed(format!("HTTP client: {e}")))?;
+    let http = super::fetch::client_with(skip_verify)?;
     let schemes: Vec<&str> = match r.scheme.as_deref() {
         Some(s) => vec![s],
         None => vec!["https", "http"],

@@ -524,11 +524,8 @@ impl Engine {
                 tracing::warn!(workflow = %row.key, error = %e, "workflow engine: step");
                 continue;
             }
-            match self
-                .store
-                .save_workflow_status(&row.key, row.version, &next)
-                .await
-            {
+            // Through the service: every state change is an event and a metric.
+            match self.services.workflow.save_status(&row, &next).await {
                 Ok(_) | Err(StoreError::Stale { .. }) => {}
                 Err(e) => return Err(e),
             }
@@ -621,11 +618,7 @@ impl Engine {
         let Some(next) = render_step(&spec, &row.status, found, &rfc3339(SystemTime::now())) else {
             return Ok(());
         };
-        match self
-            .store
-            .save_workflow_status(&row.key, row.version, &next)
-            .await
-        {
+        match self.services.workflow.save_status(row, &next).await {
             // Someone else wrote it since it was read: the next pass sees it.
             Ok(_) | Err(StoreError::Stale { .. }) => Ok(()),
             Err(e) => Err(e),
