@@ -405,3 +405,180 @@ fn unknown_images_fail_and_timeouts_are_kept() {
     );
     drop(silent);
 }
+
+/// A registry of the field (Debian's docker-registry, the CNCF
+/// distribution server) on a free port, stopped by PID.
+struct Registry {
+    child: Child,
+    addr: String,
+}
+
+impl Registry {
+    fn start(dir: &Path) -> Registry {
+        let port = crate::common::free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let cfg = write_file(
+            dir,
+            "registry.yml",
+            &format!(
+                "version: 0.1\nlog: {{level: warn}}\nstorage: {{filesystem: {{rootdirectory: {}}}}}\nhttp: {{addr: {addr}}}\n",
+                dir.join("registry").display()
+            ),
+        );
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(cfg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("registry.log")).unwrap())
+            .spawn()
+            .expect("docker-registry (Debian's package) is needed");
+        let r = Registry { child, addr };
+        let t0 = Instant::now();
+        while Command::new("curl")
+            .args(["-sf", "-m", "1", &format!("http://{}/v2/", r.addr)])
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+        {
+            assert!(t0.elapsed() < Duration::from_secs(15), "the registry did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        r
+    }
+
+    /// Pushes one blob (monolithic upload); its digest.
+    fn blob(&self, repo: &str, data: &[u8], dir: &Path) -> String {
+        let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(data)));
+        let f = dir.join("blob.tmp");
+        std::fs::write(&f, data).unwrap();
+        let o = Command::new("curl")
+            .args(["-sf", "-D", "-", "-o", "/dev/null", "-X", "POST"])
+            .arg(format!("http://{}/v2/{repo}/blobs/uploads/", self.addr))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "starting an upload");
+        let headers = String::from_utf8_lossy(&o.stdout);
+        let location = headers
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("Location: ")
+                    .or_else(|| l.strip_prefix("location: "))
+            })
+            .unwrap()
+            .trim()
+            .to_string();
+        let url = if location.starts_with("http") {
+            location
+        } else {
+            format!("http://{}{location}", self.addr)
+        };
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let o = Command::new("curl")
+            .args(["-sf", "-X", "PUT", "-H", "Content-Type: application/octet-stream"])
+            .arg("--data-binary")
+            .arg(format!("@{}", f.display()))
+            .arg(format!("{url}{sep}digest={digest}"))
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "uploading a blob: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        digest
+    }
+
+    /// Pushes an artifact as `oras push REF disk.raw.gz` makes it: an
+    /// empty config and one layer of oras's default file type.
+    fn push_disk(&self, repo: &str, tag: &str, layer: &[u8], dir: &Path) {
+        let config = self.blob(repo, b"{}", dir);
+        let digest = self.blob(repo, layer, dir);
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.unknown.config.v1+json", "digest": config, "size": 2},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest,
+                "size": layer.len(), "annotations": {"org.opencontainers.image.title": "disk.raw.gz"}}],
+        });
+        let f = write_file(dir, "manifest.json", &manifest.to_string());
+        let o = Command::new("curl")
+            .args(["-sf", "-X", "PUT", "-H"])
+            .arg("Content-Type: application/vnd.oci.image.manifest.v1+json")
+            .arg("--data-binary")
+            .arg(format!("@{}", f.display()))
+            .arg(format!("http://{}/v2/{repo}/manifests/{tag}", self.addr))
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "pushing the manifest: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// oci2disk pulls the disk image layer from a real registry (plain HTTP:
+/// the agent tries HTTPS first and falls back, as for a lab registry),
+/// checks it against its digest and streams it onto the disk; a tag that
+/// is not there fails the action with the registry's answer.
+#[test]
+fn oci2disk_streams_an_image_from_a_registry() {
+    let d = Daemon::start();
+    let reg = Registry::start(&d.dir);
+    let raw = disk_image();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&raw).unwrap();
+    let gz = gz.finish().unwrap();
+    reg.push_disk("capt/ubuntu", "2404-amd64.gz", &gz, &d.dir);
+    let disk = d.dir.join("disk.img");
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    apply(
+        &d,
+        "oci",
+        MAC,
+        &format!(
+            "      - {{name: stream, image: quay.io/tinkerbell/actions/oci2disk, timeout: 120, environment: {{IMG_URL: '{}/capt/ubuntu:2404-amd64.gz', DEST_DISK: {}, COMPRESSED: true}}}}\n",
+            reg.addr,
+            disk.display()
+        ),
+    );
+    let agent = Agent::start(&d, MAC);
+    let w = wait_final(&d, "oci", Duration::from_secs(60));
+    let a = &w["status"]["tasks"][0]["actions"][0];
+    assert_eq!(w["status"]["state"], "SUCCESS", "{a:#}");
+    let msg = a["message"].as_str().unwrap();
+    assert!(msg.contains("sha256:") && msg.contains("gzip"), "{msg}");
+    let got = std::fs::read(&disk).unwrap();
+    assert!(got[..raw.len()] == raw[..], "the disk holds the image");
+    drop(agent);
+
+    let mac2 = "02:00:00:00:00:22";
+    apply(
+        &d,
+        "missing",
+        mac2,
+        &format!(
+            "      - {{name: stream, image: oci2disk, timeout: 60, environment: {{IMG_URL: '{}/capt/ubuntu:nope', DEST_DISK: {}}}}}\n",
+            reg.addr,
+            disk.display()
+        ),
+    );
+    let _agent = Agent::start(&d, mac2);
+    let w = wait_final(&d, "missing", Duration::from_secs(60));
+    assert_eq!(w["status"]["state"], "FAILED", "{w:#}");
+    let msg = w["status"]["tasks"][0]["actions"][0]["message"]
+        .as_str()
+        .unwrap();
+    assert!(msg.contains("404") && msg.contains("nope"), "{msg}");
+}
