@@ -78,6 +78,9 @@ def check(rows):
             bad.append(r)
         elif sec == "scale" and r.get("startup_ms") is None:
             bad.append(r)
+        elif sec == "install" and (r.get("syslog_s") is None or not r.get("image2disk_mb_s")
+                                    or (r["config"].startswith("ref-") and not r.get("ref_mb_s"))):
+            bad.append(r)
         elif sec == "workflow" and r["config"] == "agents" and (
                 not r.get("complete") or not r.get("actions_per_s") or r.get("errors")
                 or not (r.get("get_steady") or {}).get("n")):
@@ -286,6 +289,20 @@ def main():
             f"{fmt(lp.get('p50'))}/{fmt(lp.get('p99'))}", "no agents",
             f"{fmt(li.get('p50'))}/{fmt(li.get('p99'))}", ratio(li.get("p99"), lp.get("p99")),
             "unchanged (noise)")
+
+    # Install: bare to installed, next to the boot-only path; image2disk
+    # against wget | gunzip | dd in the same machine.
+    for fw in ("bios", "uefi"):
+        t = find(rows, "install", "tinkerbox", fw)
+        if t and t.get("syslog_s") is not None:
+            add(f"install {fw}: power-on to installed and reported in, s",
+                round(t["syslog_s"] - t.get("poweron_s", 0), 1), "power-on to OSIE",
+                round(t["osie_s"] - t.get("poweron_s", 0), 1), None)
+        r = find(rows, "install", "tinkerbox", f"ref-{fw}")
+        if r and r.get("ref_mb_s"):
+            x = ratio(r.get("image2disk_mb_s"), r.get("ref_mb_s"))
+            add(f"install {fw}: image2disk MB/s in the VM", r.get("image2disk_mb_s"), "wget|gunzip|dd",
+                r.get("ref_mb_s"), x, ">= 0.9x", None if x is None else x >= 0.9)
 
     # Scale.
     for r in rows:
