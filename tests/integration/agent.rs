@@ -441,7 +441,10 @@ impl Registry {
             .map(|o| !o.status.success())
             .unwrap_or(true)
         {
-            assert!(t0.elapsed() < Duration::from_secs(15), "the registry did not start");
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "the registry did not start"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         r
@@ -475,7 +478,13 @@ impl Registry {
         };
         let sep = if url.contains('?') { '&' } else { '?' };
         let o = Command::new("curl")
-            .args(["-sf", "-X", "PUT", "-H", "Content-Type: application/octet-stream"])
+            .args([
+                "-sf",
+                "-X",
+                "PUT",
+                "-H",
+                "Content-Type: application/octet-stream",
+            ])
             .arg("--data-binary")
             .arg(format!("@{}", f.display()))
             .arg(format!("{url}{sep}digest={digest}"))

@@ -181,18 +181,18 @@ pub async fn run(
         drop(m);
         Ok::<_, ActionError>(n)
     });
-    let ticker = async {
+    let watch = async {
+        tokio::pin!(unpacker);
         loop {
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            progress.set(format!("{url}: read {}", mib(read.get())));
+            tokio::select! {
+                r = &mut unpacker => break r,
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {
+                    progress.set(format!("{url}: read {}", mib(read.get())));
+                }
+            }
         }
     };
-    let (_, done) = tokio::join!(pump, async {
-        tokio::select! {
-            r = unpacker => r,
-            _ = ticker => unreachable!("the ticker never ends"),
-        }
-    });
+    let (_, done) = tokio::join!(pump, watch);
     let n = done.map_err(|e| ActionError::Failed(format!("archive2disk stopped: {e}")))??;
     Ok(format!(
         "unpacked {n} entries ({}) from {url} into {dest} on {disk}",

@@ -218,25 +218,26 @@ pub async fn stream_to_disk(
         )
     });
     let t0 = Instant::now();
-    let ticker = async {
+    // The writer's progress every second until it is done.
+    let watch = async {
+        tokio::pin!(writer);
         loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let secs = t0.elapsed().as_secs_f64();
-            let of = total.map(|t| format!(" of {}", mib(t))).unwrap_or_default();
-            progress.set(format!(
-                "{source} -> {dest}: read {}{of}, wrote {} ({:.1} MB/s)",
-                mib(read.get()),
-                mib(written.get()),
-                written.get() as f64 / 1e6 / secs
-            ));
+            tokio::select! {
+                r = &mut writer => break r,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                    let secs = t0.elapsed().as_secs_f64();
+                    let of = total.map(|t| format!(" of {}", mib(t))).unwrap_or_default();
+                    progress.set(format!(
+                        "{source} -> {dest}: read {}{of}, wrote {} ({:.1} MB/s)",
+                        mib(read.get()),
+                        mib(written.get()),
+                        written.get() as f64 / 1e6 / secs
+                    ));
+                }
+            }
         }
     };
-    let (_, done) = tokio::join!(pump, async {
-        tokio::select! {
-            r = writer => r,
-            _ = ticker => unreachable!("the ticker never ends"),
-        }
-    });
+    let (_, done) = tokio::join!(pump, watch);
     let w = done.map_err(|e| ActionError::Failed(format!("the writer stopped: {e}")))??;
     Ok(format!(
         "wrote {} to {dest} from {} {} in {:.1}s ({:.1} MB/s)",

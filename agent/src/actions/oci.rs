@@ -382,7 +382,10 @@ pub async fn oci2disk(env: &Env<'_>, progress: &Progress) -> Result<String, Acti
         .await?;
     let source = format!("{img} ({}, {} bytes)", layer.digest, layer.size);
     let done = stream_to_disk(&source, resp, dest, compressed, sha, progress).await?;
-    Ok(format!("{done}; layer {} of {img} from {}", layer.digest, reg.base))
+    Ok(format!(
+        "{done}; layer {} of {img} from {}",
+        layer.digest, reg.base
+    ))
 }
 
 #[cfg(test)]
