@@ -5,11 +5,11 @@
 //! `INSECURE_NO_TARFILE_CHECKSUM_VERIFICATION=true`.
 
 use super::fetch::{self, Counter, mib};
-use super::mount::Mounts;
+use super::mount::{Mounts, under};
 use super::{ActionError, Env, Progress, Runner};
 use sha2::Digest;
 use std::io::Read;
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,22 +139,6 @@ pub fn unpack(
     Ok(entries)
 }
 
-fn dest_under(root: &Path, p: &str) -> Result<PathBuf, ActionError> {
-    let mut out = root.to_path_buf();
-    for c in Path::new(p).components() {
-        match c {
-            Component::Normal(s) => out.push(s),
-            Component::RootDir | Component::CurDir => {}
-            _ => {
-                return Err(ActionError::Env(format!(
-                    "DEST_PATH={p:?} may not contain '..'"
-                )));
-            }
-        }
-    }
-    Ok(out)
-}
-
 pub async fn run(
     runner: &Runner,
     env: &Env<'_>,
@@ -174,7 +158,7 @@ pub async fn run(
     let dest2 = dest.clone();
     let unpacker = tokio::task::spawn_blocking(move || {
         let m = Mounts::device(&work, &d, fs_type.as_deref())?;
-        let target = dest_under(m.root(), &dest2)?;
+        let target = under(m.root(), &dest2)?;
         std::fs::create_dir_all(&target)
             .map_err(ActionError::io(format!("creating {dest2} on {d}")))?;
         let n = unpack(body, kind, &target, sum.as_ref())?;

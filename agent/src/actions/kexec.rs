@@ -3,9 +3,9 @@
 //! default entry as upstream's kexec does) and, once the action's success
 //! is reported, jump into it. Also reboot and poweroff.
 
-use super::mount::Mounts;
+use super::mount::{Mounts, under};
 use super::{ActionError, Env, Runner};
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 
 /// A GRUB menu entry: the kernel, its initrds and arguments.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -83,19 +83,6 @@ fn entry_name(rest: &str) -> String {
             .unwrap_or("")
             .to_string(),
     }
-}
-
-/// `p` (absolute or not) under `root`, refusing `..`.
-fn under(root: &Path, p: &str) -> Result<PathBuf, ActionError> {
-    let mut out = root.to_path_buf();
-    for c in Path::new(p).components() {
-        match c {
-            Component::Normal(s) => out.push(s),
-            Component::RootDir | Component::CurDir => {}
-            _ => return Err(ActionError::Env(format!("{p:?} may not contain '..'"))),
-        }
-    }
-    Ok(out)
 }
 
 fn open(p: &Path) -> Result<std::fs::File, ActionError> {

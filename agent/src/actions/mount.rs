@@ -3,7 +3,7 @@
 
 use super::ActionError;
 use rustix::mount::{MountFlags, UnmountFlags};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Filesystems tried, in order, when an action gives no FS_TYPE.
@@ -126,4 +126,18 @@ fn tempdir_in(dir: &Path) -> Result<PathBuf, ActionError> {
         "no free mount point name under {}",
         dir.display()
     )))
+}
+
+/// `p` (absolute or not) under a mounted `root`, refusing `..`: a path an
+/// action names inside the machine's filesystem.
+pub fn under(root: &Path, p: &str) -> Result<PathBuf, ActionError> {
+    let mut out = root.to_path_buf();
+    for c in Path::new(p).components() {
+        match c {
+            Component::Normal(s) => out.push(s),
+            Component::RootDir | Component::CurDir => {}
+            _ => return Err(ActionError::Env(format!("{p:?} may not contain '..'"))),
+        }
+    }
+    Ok(out)
 }
