@@ -107,6 +107,11 @@ pub struct MetadataConfig {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Refuse requests without an IMDSv2 token (IMDSv1 off).
     pub require_token: bool,
+    /// A second listener serving only the metadata, as Hegel did
+    /// ("0.0.0.0:50061": CAPT's default template points cloud-init there).
+    /// The metadata is always on `[http] listen` too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -771,6 +776,7 @@ mod tests {
             metadata: MetadataConfig {
                 trusted_proxies: vec!["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()],
                 require_token: true,
+                listen: Some("0.0.0.0:50061".parse().unwrap()),
             },
             syslog: SyslogConfig {
                 enabled: false,

@@ -169,6 +169,8 @@ struct Running {
     dhcp_threads: Vec<std::thread::JoinHandle<()>>,
     stop_tx: watch::Sender<bool>,
     http_task: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// `[metadata] listen` (Hegel's port), when set.
+    metadata_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     api_handle: axum_server::Handle<std::net::SocketAddr>,
     api_task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -228,6 +230,39 @@ async fn listen(app: &Arc<App>, token: Arc<str>) -> anyhow::Result<Running> {
         served
     });
 
+    let metadata_task = match config.metadata.listen {
+        None => None,
+        Some(addr) => {
+            let sock = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("metadata.listen {addr}: cannot bind"))?;
+            let metrics = app.metrics.clone();
+            let router = crate::metadata::http::router::<()>(app.clone())
+                .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "not found\n") })
+                .layer(axum::middleware::from_fn(
+                    move |req: axum::extract::Request, next: axum::middleware::Next| {
+                        let metrics = metrics.clone();
+                        async move {
+                            let resp = next.run(req).await;
+                            http::count(&metrics, "metadata", resp.status());
+                            resp
+                        }
+                    },
+                ));
+            let mut stop = stop_rx.clone();
+            Some(tokio::spawn(async move {
+                axum::serve(
+                    sock,
+                    router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+                )
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+            }))
+        }
+    };
+
     let api_app = api::router(app.clone(), token);
     let api_handle = axum_server::Handle::<std::net::SocketAddr>::new();
     let api_task = match (&config.api.tls_cert, &config.api.tls_key) {
@@ -255,6 +290,7 @@ async fn listen(app: &Arc<App>, token: Arc<str>) -> anyhow::Result<Running> {
         dhcp_threads,
         stop_tx,
         http_task,
+        metadata_task,
         api_handle,
         api_task,
     })
@@ -375,6 +411,9 @@ async fn stop(r: Running, app: Arc<App>, writer: tokio::sync::oneshot::Receiver<
         h.graceful_shutdown(Some(Duration::from_secs(5)));
     }
     let _ = tokio::time::timeout_at(deadline, r.http_task).await;
+    if let Some(t) = r.metadata_task {
+        let _ = tokio::time::timeout_at(deadline, t).await;
+    }
     let _ = tokio::time::timeout_at(deadline, r.api_task).await;
     if let Some((_, t)) = r.tink_task {
         let _ = tokio::time::timeout_at(deadline, t).await;

@@ -411,6 +411,26 @@ fn cloud_init_ec2_finds_the_instance() {
     );
 }
 
+/// `[metadata] listen`: Hegel's port 50061, where CAPT's default template
+/// points cloud-init, serves the same metadata (and only the metadata).
+#[test]
+fn hegel_port_serves_cloud_init_as_capt_points_it() {
+    let mut lab = Lab::new("hegel");
+    let d = lab.tinkerbox("listen = \"0.0.0.0:50061\"");
+    apply(&d, &lab, &[hardware_a(), hardware_b()]);
+    let a = lab.client("a", A_MAC, A_IP);
+    let hegel = "http://10.99.0.1:50061";
+    let v = lab.cloud_init(&a, &["ec2", hegel]);
+    assert_eq!(v["get_data"], true, "{v:#}");
+    assert_eq!(v["metadata_address"], hegel);
+    assert_eq!(v["instance_id"], A_ID);
+    assert_eq!(v["userdata"], A_USER_DATA);
+    // Nothing but metadata there: no scripts, no artifacts, no health.
+    let (code, _) = curl(&a, &[&format!("{hegel}/healthz")]);
+    assert_eq!(code, 404);
+    assert!(d.metric("tinkerbox_http_requests_total{listener=\"metadata\",code=\"200\"}") > 0.0);
+}
+
 #[test]
 fn cloud_init_nocloud_finds_the_instance_and_network() {
     let mut lab = Lab::new("nocl");
