@@ -292,7 +292,7 @@ def main():
 
     # Install: bare to installed, next to the boot-only path; image2disk
     # against wget | gunzip | dd in the same machine.
-    for fw in ("bios", "uefi"):
+    for fw in ("lab-bios", "lab-uefi", "capt-bios"):
         t = find(rows, "install", "tinkerbox", fw)
         if t and t.get("syslog_s") is not None:
             add(f"install {fw}: power-on to installed and reported in, s",
