@@ -306,9 +306,22 @@ fn the_agent_installs_and_configures_a_machine() {
 
     // Every step is in the machine's history: the engine's state changes
     // and each action the agent reported, with its seconds.
-    let ev: Value =
-        serde_json::from_str(&d.cli_ok(&["events", "install", "--limit", "500", "-o", "json"]))
-            .unwrap();
+    // Events are written in batches: wait (bounded) for the last one.
+    let t0 = Instant::now();
+    let ev: Value = loop {
+        let ev: Value =
+            serde_json::from_str(&d.cli_ok(&["events", "install", "--limit", "500", "-o", "json"]))
+                .unwrap();
+        let done = ev
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "workflow.state" && e["fields"]["to"] == "SUCCESS");
+        if done || t0.elapsed() > Duration::from_secs(10) {
+            break ev;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let kinds: Vec<&str> = ev
         .as_array()
         .unwrap()
@@ -450,78 +463,22 @@ impl Registry {
         r
     }
 
-    /// Pushes one blob (monolithic upload); its digest.
-    fn blob(&self, repo: &str, data: &[u8], dir: &Path) -> String {
-        let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(data)));
-        let f = dir.join("blob.tmp");
-        std::fs::write(&f, data).unwrap();
-        let o = Command::new("curl")
-            .args(["-sf", "-D", "-", "-o", "/dev/null", "-X", "POST"])
-            .arg(format!("http://{}/v2/{repo}/blobs/uploads/", self.addr))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "starting an upload");
-        let headers = String::from_utf8_lossy(&o.stdout);
-        let location = headers
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("Location: ")
-                    .or_else(|| l.strip_prefix("location: "))
-            })
-            .unwrap()
-            .trim()
-            .to_string();
-        let url = if location.starts_with("http") {
-            location
-        } else {
-            format!("http://{}{location}", self.addr)
-        };
-        let sep = if url.contains('?') { '&' } else { '?' };
-        let o = Command::new("curl")
-            .args([
-                "-sf",
-                "-X",
-                "PUT",
-                "-H",
-                "Content-Type: application/octet-stream",
-            ])
-            .arg("--data-binary")
-            .arg(format!("@{}", f.display()))
-            .arg(format!("{url}{sep}digest={digest}"))
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "uploading a blob: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        digest
-    }
-
-    /// Pushes an artifact as `oras push REF disk.raw.gz` makes it: an
-    /// empty config and one layer of oras's default file type.
+    /// Pushes `layer` as `oras push` would (an empty config, one layer of
+    /// oras's file type), with the lab's client (tests/lab/oci-push).
     fn push_disk(&self, repo: &str, tag: &str, layer: &[u8], dir: &Path) {
-        let config = self.blob(repo, b"{}", dir);
-        let digest = self.blob(repo, layer, dir);
-        let manifest = serde_json::json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.unknown.config.v1+json", "digest": config, "size": 2},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest,
-                "size": layer.len(), "annotations": {"org.opencontainers.image.title": "disk.raw.gz"}}],
-        });
-        let f = write_file(dir, "manifest.json", &manifest.to_string());
-        let o = Command::new("curl")
-            .args(["-sf", "-X", "PUT", "-H"])
-            .arg("Content-Type: application/vnd.oci.image.manifest.v1+json")
-            .arg("--data-binary")
-            .arg(format!("@{}", f.display()))
-            .arg(format!("http://{}/v2/{repo}/manifests/{tag}", self.addr))
+        let f = dir.join("disk.raw.gz");
+        std::fs::write(&f, layer).unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/lab/oci-push");
+        let o = Command::new("python3")
+            .arg(script)
+            .arg(&self.addr)
+            .arg(format!("{repo}:{tag}"))
+            .arg(&f)
             .output()
             .unwrap();
         assert!(
             o.status.success(),
-            "pushing the manifest: {}",
+            "oci-push: {}",
             String::from_utf8_lossy(&o.stderr)
         );
     }
