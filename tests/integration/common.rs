@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -14,13 +14,41 @@ pub fn compat_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/compat")
 }
 
-/// A free loopback port (bound then released; the window is tiny).
+/// A free loopback port for a daemon or peer the test starts.
+///
+/// Asking the kernel for port 0 and releasing it raced: the kernel hands
+/// the same ephemeral range to every outgoing connection (curl, the
+/// agents, sqlx...), and one of them took the port before the daemon bound
+/// it ("Address already in use", seen in CI). So ports come from below the
+/// ephemeral range (net.ipv4.ip_local_port_range starts at 32768), at
+/// random, and each is claimed across the concurrent test processes with
+/// an flock on a file named after it, held until this process exits.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("tinkerbox-test-ports");
+    std::fs::create_dir_all(&dir).unwrap();
+    for _ in 0..1000 {
+        let port = 20000 + (rand_u32() % 12000) as u16;
+        let f = std::fs::File::create(dir.join(port.to_string())).unwrap();
+        // Another test process holds it: try another.
+        if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && UdpSocket::bind(("127.0.0.1", port)).is_ok()
+        {
+            HELD.lock().unwrap().push(f);
+            return port;
+        }
+    }
+    panic!("no free port in 20000-31999 after 1000 tries");
+}
+
+/// A random u32 from the kernel (no rand crate for one number).
+fn rand_u32() -> u32 {
+    let mut b = [0u8; 4];
+    getrandom::fill(&mut b).unwrap();
+    u32::from_ne_bytes(b)
 }
 
 pub struct Daemon {
