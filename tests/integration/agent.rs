@@ -28,13 +28,26 @@ struct Agent(Child);
 
 impl Agent {
     fn start(d: &Daemon, id: &str) -> Agent {
-        let log = std::fs::File::create(d.dir.join(format!("agent-{id}.log"))).unwrap();
-        let child = Command::new(agent_bin())
-            .args(["--grpc-server", &d.tink.to_string(), "--id", id])
+        Agent::start_with(d, id, &[], &[])
+    }
+
+    fn command(d: &Daemon, id: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut c = Command::new(agent_bin());
+        c.args(["--grpc-server", &d.tink.to_string(), "--id", id])
             .args(["--cmdline", "/dev/null", "--no-power"])
             .arg("--work-dir")
             .arg(d.dir.join("agent-work"))
-            .env("RUST_LOG", "info")
+            .args(args)
+            .env("RUST_LOG", "info");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c
+    }
+
+    fn start_with(d: &Daemon, id: &str, args: &[&str], env: &[(&str, &str)]) -> Agent {
+        let log = std::fs::File::create(d.dir.join(format!("agent-{id}.log"))).unwrap();
+        let child = Agent::command(d, id, args, env)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -547,4 +560,101 @@ fn oci2disk_streams_an_image_from_a_registry() {
         .as_str()
         .unwrap();
     assert!(msg.contains("404") && msg.contains("nope"), "{msg}");
+}
+
+/// TLS to the Tink server: verified against the CA file the OSIE has
+/// (SSL_CERT_FILE), or `tinkerbell_insecure_tls`; with neither a CA nor
+/// insecure, the agent stops at once and says why.
+#[test]
+fn the_agent_speaks_tls_verified_or_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("tink.crt"), dir.path().join("tink.key"));
+    crate::common::self_signed_leaf(&cert, &key, "tinkerbox");
+    let tink = format!(
+        "tls_cert = {:?}\ntls_key = {:?}\n",
+        cert.to_str().unwrap(),
+        key.to_str().unwrap()
+    );
+    let d = Daemon::start_setup(crate::common::Setup {
+        tink: &tink,
+        ..Default::default()
+    });
+    let reboot = "      - {name: reboot, image: quay.io/tinkerbell/actions/reboot, timeout: 30}\n";
+    apply(&d, "verified", MAC, reboot);
+    let cert_file = cert.to_str().unwrap();
+    let _a = Agent::start_with(
+        &d,
+        MAC,
+        &["--grpc-tls", "true"],
+        &[
+            ("SSL_CERT_FILE", cert_file),
+            ("SSL_CERT_DIR", "/nonexistent"),
+        ],
+    );
+    let w = wait_final(&d, "verified", Duration::from_secs(30));
+    assert_eq!(w["status"]["state"], "SUCCESS", "{w:#}");
+
+    let mac2 = "02:00:00:00:00:22";
+    apply(&d, "insecure", mac2, reboot);
+    let _b = Agent::start_with(
+        &d,
+        mac2,
+        &["--grpc-tls", "true", "--grpc-insecure-tls", "true"],
+        &[
+            ("SSL_CERT_FILE", "/dev/null"),
+            ("SSL_CERT_DIR", "/nonexistent"),
+        ],
+    );
+    let w = wait_final(&d, "insecure", Duration::from_secs(30));
+    assert_eq!(w["status"]["state"], "SUCCESS", "{w:#}");
+
+    // A CA that did not sign the server's certificate: no connection.
+    let (other, other_key) = (dir.path().join("other.crt"), dir.path().join("other.key"));
+    crate::common::self_signed_leaf(&other, &other_key, "someone-else");
+    let mac3 = "02:00:00:00:00:24";
+    let docs = std::fs::read_to_string(d.dir.join("insecure.yaml"))
+        .unwrap()
+        .replace("insecure", "wrong-ca")
+        .replace(mac2, mac3)
+        .replace("10.0.0.22", "10.0.0.24");
+    let f = write_file(&d.dir, "wrong-ca.yaml", &docs);
+    d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    let _c = Agent::start_with(
+        &d,
+        mac3,
+        &["--grpc-tls", "true"],
+        &[
+            ("SSL_CERT_FILE", other.to_str().unwrap()),
+            ("SSL_CERT_DIR", "/nonexistent"),
+        ],
+    );
+    let log = d.dir.join(format!("agent-{mac3}.log"));
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("GetAction failed")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "no TLS failure logged"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(workflow(&d, "wrong-ca")["status"]["state"], "PENDING");
+
+    // No CA and not insecure: a clear error, not a silent retry loop.
+    let o = Agent::command(
+        &d,
+        "02:00:00:00:00:23",
+        &["--grpc-tls", "true"],
+        &[
+            ("SSL_CERT_FILE", "/dev/null"),
+            ("SSL_CERT_DIR", "/nonexistent"),
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no CA certificates"), "{err}");
 }
