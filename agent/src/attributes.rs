@@ -35,6 +35,11 @@ pub fn human(bytes: u64) -> String {
     format!("{}{}", bytes.div_ceil(div), UNITS[unit])
 }
 
+/// A DMI field, "unknown" when the firmware does not say.
+fn dmi(root: &Path, field: &str) -> Option<String> {
+    or_unknown(read(root, &format!("/sys/class/dmi/id/{field}")))
+}
+
 pub fn collect(root: &Path) -> pb::AgentAttributes {
     pb::AgentAttributes {
         cpu: cpu(root),
@@ -44,24 +49,24 @@ pub fn collect(root: &Path) -> pb::AgentAttributes {
         pci: Vec::new(),
         gpu: Vec::new(),
         chassis: Some(pb::Chassis {
-            serial: or_unknown(read(root, "/sys/class/dmi/id/chassis_serial")),
-            vendor: or_unknown(read(root, "/sys/class/dmi/id/chassis_vendor")),
+            serial: dmi(root, "chassis_serial"),
+            vendor: dmi(root, "chassis_vendor"),
         }),
         bios: Some(pb::Bios {
-            vendor: or_unknown(read(root, "/sys/class/dmi/id/bios_vendor")),
-            version: or_unknown(read(root, "/sys/class/dmi/id/bios_version")),
-            release_date: or_unknown(read(root, "/sys/class/dmi/id/bios_date")),
+            vendor: dmi(root, "bios_vendor"),
+            version: dmi(root, "bios_version"),
+            release_date: dmi(root, "bios_date"),
         }),
         baseboard: Some(pb::Baseboard {
-            vendor: or_unknown(read(root, "/sys/class/dmi/id/board_vendor")),
-            product: or_unknown(read(root, "/sys/class/dmi/id/board_name")),
-            version: or_unknown(read(root, "/sys/class/dmi/id/board_version")),
-            serial_number: or_unknown(read(root, "/sys/class/dmi/id/board_serial")),
+            vendor: dmi(root, "board_vendor"),
+            product: dmi(root, "board_name"),
+            version: dmi(root, "board_version"),
+            serial_number: dmi(root, "board_serial"),
         }),
         product: Some(pb::Product {
-            name: or_unknown(read(root, "/sys/class/dmi/id/product_name")),
-            vendor: or_unknown(read(root, "/sys/class/dmi/id/sys_vendor")),
-            serial_number: or_unknown(read(root, "/sys/class/dmi/id/product_serial")),
+            name: dmi(root, "product_name"),
+            vendor: dmi(root, "sys_vendor"),
+            serial_number: dmi(root, "product_serial"),
         }),
     }
 }

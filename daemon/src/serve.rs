@@ -236,19 +236,13 @@ async fn listen(app: &Arc<App>, token: Arc<str>) -> anyhow::Result<Running> {
             let sock = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("metadata.listen {addr}: cannot bind"))?;
-            let metrics = app.metrics.clone();
-            let router = crate::metadata::http::router::<()>(app.clone())
-                .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "not found\n") })
-                .layer(axum::middleware::from_fn(
-                    move |req: axum::extract::Request, next: axum::middleware::Next| {
-                        let metrics = metrics.clone();
-                        async move {
-                            let resp = next.run(req).await;
-                            http::count(&metrics, "metadata", resp.status());
-                            resp
-                        }
-                    },
-                ));
+            // Only the metadata, as Hegel served it.
+            let router = http::counted(
+                crate::metadata::http::router::<()>(app.clone())
+                    .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "not found\n") }),
+                app.metrics.clone(),
+                "metadata",
+            );
             let mut stop = stop_rx.clone();
             Some(tokio::spawn(async move {
                 axum::serve(

@@ -4,10 +4,9 @@
 //! over the tar stream) is required, as upstream requires it, unless
 //! `INSECURE_NO_TARFILE_CHECKSUM_VERIFICATION=true`.
 
-use super::fetch::{self, Counter, mib};
+use super::fetch::{self, Alg, Counter, Hashing, mib};
 use super::mount::{Mounts, under};
 use super::{ActionError, Env, Progress, Runner};
-use sha2::Digest;
 use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
@@ -55,29 +54,6 @@ pub fn checksum(env: &Env<'_>) -> Result<Option<Checksum>, ActionError> {
     }
 }
 
-enum Hasher {
-    None,
-    Sha256(sha2::Sha256),
-    Sha512(sha2::Sha512),
-}
-
-struct Hashing<R> {
-    inner: R,
-    hash: Hasher,
-}
-
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        match &mut self.hash {
-            Hasher::None => {}
-            Hasher::Sha256(h) => h.update(&buf[..n]),
-            Hasher::Sha512(h) => h.update(&buf[..n]),
-        }
-        Ok(n)
-    }
-}
-
 /// Unpacks the tar stream `src` into `dest`, keeping modes and owners.
 /// The tar crate refuses entries that would land outside `dest`.
 pub fn unpack(
@@ -90,14 +66,11 @@ pub fn unpack(
         ArchiveType::Tar => Box::new(src),
         ArchiveType::TarGz => Box::new(flate2::read::MultiGzDecoder::new(src)),
     };
-    let mut hashing = Hashing {
-        inner: tar,
-        hash: match sum {
-            None => Hasher::None,
-            Some(Checksum::Sha256(_)) => Hasher::Sha256(sha2::Sha256::new()),
-            Some(Checksum::Sha512(_)) => Hasher::Sha512(sha2::Sha512::new()),
-        },
-    };
+    let alg = sum.map(|c| match c {
+        Checksum::Sha256(_) => Alg::Sha256,
+        Checksum::Sha512(_) => Alg::Sha512,
+    });
+    let mut hashing = Hashing::new(tar, alg);
     let mut entries = 0u64;
     {
         let mut a = tar::Archive::new(&mut hashing);
@@ -124,11 +97,7 @@ pub fn unpack(
     // Whatever follows the end-of-archive blocks is part of the file.
     std::io::copy(&mut hashing, &mut std::io::sink())
         .map_err(|e| ActionError::Failed(format!("reading the archive's end: {e}")))?;
-    let got = match hashing.hash {
-        Hasher::None => None,
-        Hasher::Sha256(h) => Some(hex::encode(h.finalize())),
-        Hasher::Sha512(h) => Some(hex::encode(h.finalize())),
-    };
+    let got = hashing.finish();
     if let (Some(got), Some(Checksum::Sha256(want) | Checksum::Sha512(want))) = (got, sum)
         && &got != want
     {
@@ -187,6 +156,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::Digest;
     use std::collections::BTreeMap;
     use std::os::unix::fs::PermissionsExt;
 

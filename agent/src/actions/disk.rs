@@ -2,9 +2,8 @@
 //! same pass. The write side (decompress, write, fsync, re-read the
 //! partition table) is shared with oci2disk.
 
-use super::fetch::{self, Counter, mib};
+use super::fetch::{self, Alg, Counter, Hashing, mib};
 use super::{ActionError, Env, Progress};
-use sha2::{Digest, Sha256};
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
@@ -53,22 +52,6 @@ pub fn sniff(head: &[u8]) -> Option<Format> {
     }
 }
 
-/// The compressed bytes seen, hashed as they go by.
-struct Hashing<R> {
-    inner: R,
-    hash: Option<Sha256>,
-}
-
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        if let Some(h) = &mut self.hash {
-            h.update(&buf[..n]);
-        }
-        Ok(n)
-    }
-}
-
 /// What a write did.
 #[derive(Debug)]
 pub struct Written {
@@ -102,13 +85,7 @@ pub fn write_image(
             "opening DEST_DISK {}",
             dest.display()
         )))?;
-    let mut src = BufReader::with_capacity(
-        BUF,
-        Hashing {
-            inner: src,
-            hash: sha256.map(|_| Sha256::new()),
-        },
-    );
+    let mut src = BufReader::with_capacity(BUF, Hashing::new(src, sha256.map(|_| Alg::Sha256)));
     let head = src
         .fill_buf()
         .map_err(ActionError::io("reading the image"))?;
@@ -170,15 +147,14 @@ pub fn write_image(
     // read for the hash and the length check to see all of it.
     std::io::copy(&mut src, &mut std::io::sink())
         .map_err(ActionError::io("reading the end of the image"))?;
-    if let (Some(want), Some(h)) = (sha256, src.into_inner().hash) {
-        let got = hex::encode(h.finalize());
-        if !got.eq_ignore_ascii_case(want.trim()) {
-            return Err(ActionError::Failed(format!(
-                "sha256 mismatch: the image is {got}, SHA256 says {want} ({} were written to {})",
-                mib(total),
-                dest.display()
-            )));
-        }
+    if let (Some(want), Some(got)) = (sha256, src.into_inner().finish())
+        && !got.eq_ignore_ascii_case(want.trim())
+    {
+        return Err(ActionError::Failed(format!(
+            "sha256 mismatch: the image is {got}, SHA256 says {want} ({} were written to {})",
+            mib(total),
+            dest.display()
+        )));
     }
     out.sync_all()
         .map_err(ActionError::io(format!("fsync of {}", dest.display())))?;
@@ -274,6 +250,7 @@ pub fn checksum(env: &Env<'_>) -> Result<Option<String>, ActionError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
     use std::io::Cursor;
 
     fn image() -> Vec<u8> {

@@ -171,3 +171,55 @@ pub fn stream(
 pub fn mib(n: u64) -> String {
     format!("{:.1} MiB", n as f64 / 1048576.0)
 }
+
+/// A checksum's algorithm, as the actions' variables name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alg {
+    Sha256,
+    Sha512,
+}
+
+enum Digest {
+    Sha256(sha2::Sha256),
+    Sha512(sha2::Sha512),
+}
+
+/// The bytes read through it, hashed as they go by: the checksum an
+/// action checks costs no second pass.
+pub struct Hashing<R> {
+    inner: R,
+    hash: Option<Digest>,
+}
+
+impl<R> Hashing<R> {
+    pub fn new(inner: R, alg: Option<Alg>) -> Self {
+        use sha2::Digest as _;
+        let hash = alg.map(|a| match a {
+            Alg::Sha256 => Digest::Sha256(sha2::Sha256::new()),
+            Alg::Sha512 => Digest::Sha512(sha2::Sha512::new()),
+        });
+        Hashing { inner, hash }
+    }
+
+    /// The hex digest of everything read, when hashing.
+    pub fn finish(self) -> Option<String> {
+        use sha2::Digest as _;
+        self.hash.map(|h| match h {
+            Digest::Sha256(h) => hex::encode(h.finalize()),
+            Digest::Sha512(h) => hex::encode(h.finalize()),
+        })
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use sha2::Digest as _;
+        let n = self.inner.read(buf)?;
+        match &mut self.hash {
+            None => {}
+            Some(Digest::Sha256(h)) => h.update(&buf[..n]),
+            Some(Digest::Sha512(h)) => h.update(&buf[..n]),
+        }
+        Ok(n)
+    }
+}

@@ -32,7 +32,7 @@ pub fn router(app: Arc<App>) -> Router {
         .precompressed_gzip()
         // Fewer, larger reads and writes than the 64 KiB default.
         .with_buf_chunk_size(ARTIFACT_CHUNK);
-    Router::new()
+    let router = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
         .route("/auto.ipxe", get(script_by_ip))
@@ -44,16 +44,25 @@ pub fn router(app: Arc<App>) -> Router {
             app.clone(),
             record_artifacts,
         ))
-        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
-        .layer(middleware::from_fn(move |req: Request, next: Next| {
-            let metrics = metrics.clone();
-            async move {
-                let resp = next.run(req).await;
-                count(&metrics, "public", resp.status());
-                resp
-            }
-        }))
-        .with_state(app)
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") });
+    counted(router, metrics, "public").with_state(app)
+}
+
+/// `router` with every answer counted in
+/// `tinkerbox_http_requests_total{listener}`.
+pub fn counted<S: Clone + Send + Sync + 'static>(
+    router: Router<S>,
+    metrics: Arc<Metrics>,
+    listener: Listener,
+) -> Router<S> {
+    router.layer(middleware::from_fn(move |req: Request, next: Next| {
+        let metrics = metrics.clone();
+        async move {
+            let resp = next.run(req).await;
+            count(&metrics, listener, resp.status());
+            resp
+        }
+    }))
 }
 
 pub fn count(metrics: &Metrics, listener: Listener, status: StatusCode) {
