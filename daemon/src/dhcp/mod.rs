@@ -453,8 +453,10 @@ pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outc
     } else {
         Err(Ignore::NotNetboot)
     };
-    if let Ok(b) = &boot {
-        boot_options(&mut msg, &mut opts, &c, b, req, s);
+    match &boot {
+        Ok(b) => boot_options(&mut msg, &mut opts, &c, b, req, s),
+        Err(Ignore::PxeNotAllowed) => netboot_not_allowed(&mut msg, &mut opts, &c),
+        Err(_) => {}
     }
     let fields = Fields::Lease {
         ip,
@@ -531,6 +533,12 @@ fn proxy(
     };
     let boot = match boot_for(c, iface, s) {
         Ok(b) => b,
+        // Smee's answer: a boot file that cannot load, so the firmware
+        // moves on at once instead of waiting out its PXE timeouts.
+        Err(Ignore::PxeNotAllowed) => Boot {
+            file: format!("/{}/{NETBOOT_NOT_ALLOWED}", c.mac),
+            http_client: c.http,
+        },
         Err(why) => return Outcome::Ignore(why),
     };
     let reply_type = if kind == Kind::DhcpProxyOffer {
@@ -616,6 +624,23 @@ fn v4_only(list: &[IpAddr]) -> Vec<Ipv4Addr> {
             IpAddr::V6(_) => None,
         })
         .collect()
+}
+
+/// The boot file of a netboot client whose `allowPXE` is false (Smee's).
+pub const NETBOOT_NOT_ALLOWED: &str = "netboot-not-allowed";
+
+/// A netboot client that may not boot gets an address and a boot file that
+/// cannot load (no next server), as Smee answers it. With no boot file at
+/// all, UEFI PXE and HTTP boot wait out their DHCP timeouts for a better
+/// offer (~60 s for each boot option, measured with OVMF) before the
+/// firmware tries the disk; with this one each fails in ~3 s.
+fn netboot_not_allowed(msg: &mut Message, opts: &mut Opts, c: &Client) {
+    msg.set_siaddr(Ipv4Addr::UNSPECIFIED);
+    msg.set_fname_str(format!("/{NETBOOT_NOT_ALLOWED}"));
+    if c.http {
+        // HTTP boot firmware takes only offers that say HTTPClient.
+        opts.core(DhcpOption::ClassIdentifier(b"HTTPClient".to_vec()));
+    }
 }
 
 fn boot_options(

@@ -419,14 +419,39 @@ fn who_gets_nothing() {
         ignored(respond(&m, Port::Dhcp, &snap, &s)),
         "no_message_type"
     );
-    // allowPXE false: an address, no boot file.
+    // allowPXE false: an address and Smee's boot file that cannot load
+    // (no next server, no PXE options), so the firmware moves on at once.
     let r = reply(respond(&ovmf("52:54:00:99:00:02"), Port::Dhcp, &snap, &s));
     assert_eq!(r.msg.yiaddr().to_string(), "10.99.0.12");
-    assert!(r.msg.fname().is_none());
+    assert_eq!(r.msg.fname_str().unwrap().unwrap(), "/netboot-not-allowed");
+    assert!(r.msg.siaddr().is_unspecified());
     assert!(opt(&r.msg, C::ClassIdentifier).is_none());
+    assert!(opt(&r.msg, C::VendorExtensions).is_none());
+    let f = serde_json::to_value(&r.fields).unwrap();
+    assert_eq!(f["no_boot"], "pxe_not_allowed");
+    assert_eq!(f["boot_file"], serde_json::Value::Null);
+    // UEFI HTTP boot takes only offers that say HTTPClient.
+    let mut http = ovmf("52:54:00:99:00:02");
+    http.opts_mut().insert(O::ClassIdentifier(
+        b"HTTPClient:Arch:00016:UNDI:003001".to_vec(),
+    ));
+    let r = reply(respond(&http, Port::Dhcp, &snap, &s));
+    assert_eq!(r.msg.fname_str().unwrap().unwrap(), "/netboot-not-allowed");
+    assert_eq!(
+        opt(&r.msg, C::ClassIdentifier),
+        Some(&O::ClassIdentifier(b"HTTPClient".to_vec()))
+    );
+    // A plain OS client of the same machine gets no boot file at all.
+    let plain = packet(
+        "52:54:00:99:00:02",
+        MessageType::Discover,
+        vec![O::ClassIdentifier(b"udhcp 1.35.0".to_vec())],
+    );
+    let r = reply(respond(&plain, Port::Dhcp, &snap, &s));
+    assert!(r.msg.fname().is_none());
     assert_eq!(
         serde_json::to_value(&r.fields).unwrap()["no_boot"],
-        "pxe_not_allowed"
+        "not_netboot"
     );
 }
 
@@ -718,15 +743,22 @@ fn proxy_modes_give_boot_information_only() {
         ignored(respond(&p, Port::Dhcp, &snap, &proxy)),
         "not_for_proxy"
     );
-    // allowPXE false in proxy mode: nothing at all.
+    // allowPXE false in proxy mode: a PXE offer whose file names the
+    // machine and cannot load (Smee's), so the firmware moves on at once.
+    let r = reply(respond(
+        &ovmf("52:54:00:99:00:02"),
+        Port::Dhcp,
+        &snap,
+        &proxy,
+    ));
     assert_eq!(
-        ignored(respond(
-            &ovmf("52:54:00:99:00:02"),
-            Port::Dhcp,
-            &snap,
-            &proxy
-        )),
-        "pxe_not_allowed"
+        r.msg.fname_str().unwrap().unwrap(),
+        "/52:54:00:99:00:02/netboot-not-allowed"
+    );
+    assert_eq!(r.msg.yiaddr(), Ipv4Addr::UNSPECIFIED);
+    assert_eq!(
+        opt(&r.msg, C::ClassIdentifier),
+        Some(&O::ClassIdentifier(b"PXEClient".to_vec()))
     );
     // iPXE behind a proxy gets its script.
     let r = reply(respond(
