@@ -92,6 +92,8 @@ pub enum Refusal {
     /// `..`, absolute paths, odd characters.
     Forbidden,
     NotFound,
+    /// The boot file DHCP hands a machine whose `allowPXE` is false.
+    NetbootNotAllowed,
 }
 
 /// Which file a request names. `<mac>/<file>` (as Smee serves) names
@@ -100,6 +102,16 @@ pub fn resolve<'f>(
     path: &str,
     files: &'f Files,
 ) -> Result<(&'f Bytes, String, Option<Mac>), Refusal> {
+    let denial = crate::dhcp::NETBOOT_NOT_ALLOWED;
+    if let Some(rest) = path.strip_prefix('/') {
+        let mac_dir = rest
+            .strip_suffix(denial)
+            .and_then(|d| d.strip_suffix('/'))
+            .is_some_and(|d| d.parse::<Mac>().is_ok());
+        if rest == denial || mac_dir {
+            return Err(Refusal::NetbootNotAllowed);
+        }
+    }
     if path.starts_with('/') || path.contains('\\') || path.contains('\0') {
         return Err(Refusal::Forbidden);
     }
@@ -179,6 +191,20 @@ mod tests {
             "52:54:00:aa:bb:cc/nope",
         ] {
             assert_eq!(resolve(p, &f).unwrap_err(), Refusal::NotFound, "{p:?}");
+        }
+        // What DHCP hands a machine that may not netboot (Smee's names).
+        for p in [
+            "/netboot-not-allowed",
+            "/52:54:00:aa:bb:cc/netboot-not-allowed",
+        ] {
+            assert_eq!(
+                resolve(p, &f).unwrap_err(),
+                Refusal::NetbootNotAllowed,
+                "{p:?}"
+            );
+        }
+        for p in ["/x/netboot-not-allowed", "/../netboot-not-allowed"] {
+            assert_eq!(resolve(p, &f).unwrap_err(), Refusal::Forbidden, "{p:?}");
         }
     }
 }

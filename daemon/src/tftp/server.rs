@@ -203,6 +203,7 @@ async fn handle(
             let (why, code) = match r {
                 Refusal::Forbidden => ("forbidden", ErrorCode::AccessViolation),
                 Refusal::NotFound => ("not_found", ErrorCode::FileNotFound),
+                Refusal::NetbootNotAllowed => ("netboot_not_allowed", ErrorCode::FileNotFound),
             };
             h.metrics.tftp(why);
             tracing::info!(client = %peer, path = req.path, reason = why, "tftp: refused");
@@ -216,6 +217,7 @@ async fn handle(
             let msg = match r {
                 Refusal::Forbidden => "access violation",
                 Refusal::NotFound => "file not found",
+                Refusal::NetbootNotAllowed => "netboot not allowed (allowPXE is false)",
             };
             let _ = sock.send(&proto::error_packet(code, msg)).await;
             return;
