@@ -65,6 +65,12 @@ fn check_resolve(path: &str) {
             );
         }
         Err(Refusal::Forbidden) => {}
+        Err(Refusal::NetbootNotAllowed) => {
+            assert!(
+                path.ends_with("/netboot-not-allowed"),
+                "{path:?} refused as the netboot denial"
+            );
+        }
     }
 }
 
