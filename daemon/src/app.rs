@@ -25,6 +25,8 @@ pub struct App {
     pub event_log: EventLog,
     pub metrics: Arc<Metrics>,
     pub services: Arc<Services>,
+    /// Kubernetes mode: whether the mirror is current. `None` in host mode.
+    pub kube: Option<Arc<crate::kube::Sync>>,
 }
 
 impl App {

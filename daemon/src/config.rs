@@ -33,6 +33,21 @@ pub struct Config {
     pub tink: TinkConfig,
     pub events: EventsConfig,
     pub log: LogConfig,
+    pub kube: KubeConfig,
+}
+
+/// Kubernetes mode: the cluster's Tinkerbell objects are mirrored into the
+/// store and served from it (`kube/`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubeConfig {
+    pub enabled: bool,
+    /// A kubeconfig file; unset: in-cluster (a pod's service account), else
+    /// `$KUBECONFIG`, else `~/.kube/config`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Mirror this namespace only; empty: every namespace.
+    pub namespace: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -230,6 +245,7 @@ impl Default for Config {
             tink: TinkConfig::default(),
             events: EventsConfig::default(),
             log: LogConfig::default(),
+            kube: KubeConfig::default(),
         }
     }
 }
@@ -806,6 +822,11 @@ mod tests {
             log: LogConfig {
                 format: LogFormat::Json,
                 level: "debug".into(),
+            },
+            kube: KubeConfig {
+                enabled: true,
+                kubeconfig: Some("/etc/tb/kubeconfig".into()),
+                namespace: "tinkerbell".into(),
             },
         }
     }

@@ -5,6 +5,10 @@
 //! Each machine is one typed [`Machine`] view, shared by the three indexes.
 //! A lookup by MAC or IP answers with the machine and the interface that
 //! owns the key: the one rule for "which interface is the caller".
+//!
+//! A MAC or IP claimed by two machines (only the Kubernetes mirror can
+//! store that; the store refuses it otherwise) answers nothing, as in
+//! Tinkerbell, until one of them lets go.
 
 use crate::hardware::{Interface, Key, Mac, Machine};
 use arc_swap::ArcSwap;
@@ -63,6 +67,85 @@ pub struct Snapshot {
     /// padding next to a pointer), an `Ipv4Addr` 4.
     by_v4: HashMap<Ipv4Addr, Slot>,
     by_v6: HashMap<Ipv6Addr, Slot>,
+    /// The other machines claiming a key the index above has: such a key
+    /// answers nothing. Empty unless the cluster has conflicting Hardware.
+    dups: Dups,
+}
+
+#[derive(Default, Clone)]
+struct Dups {
+    mac: HashMap<Mac, Vec<Slot>>,
+    v4: HashMap<Ipv4Addr, Vec<Slot>>,
+    v6: HashMap<Ipv6Addr, Vec<Slot>>,
+}
+
+/// A key two or more machines claim.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Conflict {
+    /// "MAC 52:54:00:..." or "IP 10.0.0.5".
+    pub what: String,
+    /// The claimants, sorted.
+    pub machines: Vec<Key>,
+}
+
+/// Index `slot` under `k`, or, when another machine holds it, as a duplicate.
+fn claim<K: Hash + Eq + Copy>(
+    index: &mut HashMap<K, Slot>,
+    dups: &mut HashMap<K, Vec<Slot>>,
+    k: K,
+    slot: Slot,
+) {
+    match index.get(&k) {
+        Some(s) if s.machine.key != slot.machine.key => dups.entry(k).or_default().push(slot),
+        _ => {
+            index.insert(k, slot);
+        }
+    }
+}
+
+/// Drop `key`'s claim on `k`; a duplicate claimant takes the index over.
+fn release<K: Hash + Eq + Copy>(
+    index: &mut HashMap<K, Slot>,
+    dups: &mut HashMap<K, Vec<Slot>>,
+    k: K,
+    key: &Key,
+) {
+    if index.get(&k).is_some_and(|s| s.machine.key == *key) {
+        index.remove(&k);
+        if let Some(d) = dups.get_mut(&k) {
+            if let Some(next) = d.pop() {
+                index.insert(k, next);
+            }
+            if d.is_empty() {
+                dups.remove(&k);
+            }
+        }
+    } else if let Some(d) = dups.get_mut(&k) {
+        d.retain(|s| s.machine.key != *key);
+        if d.is_empty() {
+            dups.remove(&k);
+        }
+    }
+}
+
+fn conflicts_of<K: Hash + Eq + std::fmt::Display>(
+    label: &str,
+    index: &HashMap<K, Slot>,
+    dups: &HashMap<K, Vec<Slot>>,
+    out: &mut Vec<Conflict>,
+) {
+    for (k, d) in dups {
+        let mut machines: Vec<Key> = d.iter().map(|s| s.machine.key.clone()).collect();
+        if let Some(s) = index.get(k) {
+            machines.push(s.machine.key.clone());
+        }
+        machines.sort();
+        machines.dedup();
+        out.push(Conflict {
+            what: format!("{label} {k}"),
+            machines,
+        });
+    }
 }
 
 impl Snapshot {
@@ -74,6 +157,7 @@ impl Snapshot {
             by_mac: HashMap::with_capacity(n),
             by_v4: HashMap::with_capacity(n),
             by_v6: HashMap::default(),
+            dups: Dups::default(),
         };
         for m in machines {
             s.insert(Arc::new(m));
@@ -83,6 +167,9 @@ impl Snapshot {
 
     /// The machine with this MAC, and the interface that has it.
     pub fn by_mac(&self, mac: &Mac) -> Option<(&Arc<Machine>, &Interface)> {
+        if self.dups.mac.contains_key(mac) {
+            return None;
+        }
         self.by_mac.get(mac)?.get()
     }
 
@@ -91,9 +178,20 @@ impl Snapshot {
     /// `[::]` listener sees for IPv4 peers) find the IPv4 machine.
     pub fn by_ip(&self, ip: &IpAddr) -> Option<(&Arc<Machine>, &Interface)> {
         match ip.to_canonical() {
-            IpAddr::V4(a) => self.by_v4.get(&a)?.get(),
-            IpAddr::V6(a) => self.by_v6.get(&a)?.get(),
+            IpAddr::V4(a) if !self.dups.v4.contains_key(&a) => self.by_v4.get(&a)?.get(),
+            IpAddr::V6(a) if !self.dups.v6.contains_key(&a) => self.by_v6.get(&a)?.get(),
+            _ => None,
         }
+    }
+
+    /// Every MAC and IP that more than one machine claims, sorted.
+    pub fn conflicts(&self) -> Vec<Conflict> {
+        let mut out = vec![];
+        conflicts_of("MAC", &self.by_mac, &self.dups.mac, &mut out);
+        conflicts_of("IP", &self.by_v4, &self.dups.v4, &mut out);
+        conflicts_of("IP", &self.by_v6, &self.dups.v6, &mut out);
+        out.sort();
+        out
     }
 
     pub fn by_key(&self, key: &Key) -> Option<&Arc<Machine>> {
@@ -124,17 +222,18 @@ impl Snapshot {
                 machine: m.clone(),
                 iface,
             };
+            let d = &mut self.dups;
             if let Some(mac) = i.mac {
-                self.by_mac.insert(mac, slot());
+                claim(&mut self.by_mac, &mut d.mac, mac, slot());
             }
             // The first interface with an address owns it.
             let mine = |s: &Slot| Arc::ptr_eq(&s.machine, &m);
             match i.address {
                 Some(IpAddr::V4(a)) if !self.by_v4.get(&a).is_some_and(mine) => {
-                    self.by_v4.insert(a, slot());
+                    claim(&mut self.by_v4, &mut d.v4, a, slot());
                 }
                 Some(IpAddr::V6(a)) if !self.by_v6.get(&a).is_some_and(mine) => {
-                    self.by_v6.insert(a, slot());
+                    claim(&mut self.by_v6, &mut d.v6, a, slot());
                 }
                 _ => {}
             }
@@ -152,20 +251,14 @@ impl Snapshot {
     /// may already have taken the MAC or IP.
     fn unindex(&mut self, old: &Machine) {
         let key = &old.key;
+        let d = &mut self.dups;
         for mac in old.macs() {
-            if self.by_mac.get(&mac).is_some_and(|s| s.machine.key == *key) {
-                self.by_mac.remove(&mac);
-            }
+            release(&mut self.by_mac, &mut d.mac, mac, key);
         }
         for ip in old.ips() {
             match ip {
-                IpAddr::V4(a) if self.by_v4.get(&a).is_some_and(|s| s.machine.key == *key) => {
-                    self.by_v4.remove(&a);
-                }
-                IpAddr::V6(a) if self.by_v6.get(&a).is_some_and(|s| s.machine.key == *key) => {
-                    self.by_v6.remove(&a);
-                }
-                _ => {}
+                IpAddr::V4(a) => release(&mut self.by_v4, &mut d.v4, a, key),
+                IpAddr::V6(a) => release(&mut self.by_v6, &mut d.v6, a, key),
             }
         }
     }
@@ -228,6 +321,74 @@ mod tests {
             "spec": {"interfaces": interfaces, "userData": "#cloud-config\n"}}))
         .unwrap()
         .machine
+    }
+
+    #[test]
+    fn a_key_two_machines_claim_answers_nothing_until_one_lets_go() {
+        let mac: Mac = "52:54:00:00:00:09".parse().unwrap();
+        let ip: IpAddr = "10.0.0.9".parse().unwrap();
+        let inv = Inventory::new(Snapshot::build([
+            machine("default", "a", &[("52:54:00:00:00:09", "10.0.0.9")]),
+            machine("default", "b", &[("52:54:00:00:00:09", "10.0.0.10")]),
+            machine("other", "c", &[("52:54:00:00:00:0c", "10.0.0.9")]),
+        ]));
+        let s = inv.snapshot();
+        assert!(s.by_mac(&mac).is_none());
+        assert!(s.by_ip(&ip).is_none());
+        // b's own address still answers.
+        assert_eq!(
+            s.by_ip(&"10.0.0.10".parse().unwrap()).unwrap().0.key.name,
+            "b"
+        );
+        let conflicts = s.conflicts();
+        assert_eq!(
+            conflicts,
+            vec![
+                Conflict {
+                    what: "IP 10.0.0.9".into(),
+                    machines: vec![Key::new("default", "a"), Key::new("other", "c")]
+                },
+                Conflict {
+                    what: "MAC 52:54:00:00:00:09".into(),
+                    machines: vec![Key::new("default", "a"), Key::new("default", "b")]
+                },
+            ]
+        );
+        // a goes: b has the MAC, c the IP, alone.
+        inv.apply(Patch {
+            upsert: vec![],
+            delete: vec![Key::new("default", "a")],
+        });
+        let s = inv.snapshot();
+        assert_eq!(s.by_mac(&mac).unwrap().0.key.name, "b");
+        assert_eq!(s.by_ip(&ip).unwrap().0.key.name, "c");
+        assert!(s.conflicts().is_empty());
+        // b changes its MAC to c's: that one conflicts now, and the old
+        // one is free.
+        inv.apply(Patch {
+            upsert: vec![machine(
+                "default",
+                "b",
+                &[("52:54:00:00:00:0c", "10.0.0.10")],
+            )],
+            delete: vec![],
+        });
+        let s = inv.snapshot();
+        assert!(s.by_mac(&mac).is_none());
+        assert!(s.by_mac(&"52:54:00:00:00:0c".parse().unwrap()).is_none());
+        assert_eq!(s.conflicts().len(), 1);
+        // ... and back: no conflict left.
+        inv.apply(Patch {
+            upsert: vec![machine(
+                "default",
+                "b",
+                &[("52:54:00:00:00:09", "10.0.0.10")],
+            )],
+            delete: vec![],
+        });
+        let s = inv.snapshot();
+        assert!(s.conflicts().is_empty());
+        assert_eq!(s.by_mac(&mac).unwrap().0.key.name, "b");
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod http;
 pub mod inventory;
 pub mod ipxe;
 pub mod kinds;
+pub mod kube;
 pub mod metadata;
 pub mod metrics;
 pub mod priority;

@@ -60,6 +60,20 @@ pub struct Metrics {
     pub workflow_actions: Family<ResultLabels, Counter>,
     /// Workflows that reached a state, by state.
     pub workflow_states: Family<StateLabels, Counter>,
+    /// Kubernetes mode: 1 while every watch is current.
+    pub kube_connected: Gauge,
+    /// Kubernetes mode: seconds since the mirror was last known current.
+    pub kube_sync_age_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Kubernetes mode: what the watches delivered, by kind and event.
+    pub kube_watch_events: Family<WatchLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabels {
+    /// Hardware, Template, ...
+    pub kind: &'static str,
+    /// apply, delete, relist (a whole list swapped in), error.
+    pub event: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -113,8 +127,26 @@ impl Metrics {
             metadata_requests: Family::default(),
             workflow_actions: Family::default(),
             workflow_states: Family::default(),
+            kube_connected: Gauge::default(),
+            kube_sync_age_seconds: Gauge::default(),
+            kube_watch_events: Family::default(),
             registry: Registry::default(),
         };
+        registry.register(
+            "kube_connected",
+            "Kubernetes mode: 1 while every watch of the cluster is current, else 0",
+            m.kube_connected.clone(),
+        );
+        registry.register(
+            "kube_sync_age_seconds",
+            "Kubernetes mode: seconds since the mirror was last known current (0 while connected)",
+            m.kube_sync_age_seconds.clone(),
+        );
+        registry.register(
+            "kube_watch_events",
+            "Kubernetes mode: watch events by kind and event (apply, delete, relist, error)",
+            m.kube_watch_events.clone(),
+        );
         registry.register(
             "http_requests",
             "HTTP requests answered, by listener and status code",

@@ -36,6 +36,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .then(|| tokio::spawn(bmc.poll(config.bmc.poll_interval)));
     // Bind everything before READY, so a port clash fails the start.
     let running = listen(&app, token).await?;
+    // Kubernetes mode: the store already serves the last mirror; the
+    // watches bring it up to date when (and whenever) the cluster answers.
+    let mut kube_tasks = vec![];
+    if let Some(sync) = &app.kube {
+        let client = crate::kube::client::client(&config.kube).await?;
+        kube_tasks = crate::kube::mirror::Mirror {
+            services: app.services.clone(),
+            sync: sync.clone(),
+            metrics: app.metrics.clone(),
+            events: app.events.clone(),
+        }
+        .spawn(client, &config.kube.namespace);
+    }
     let scheme = if config.api.tls_cert.is_some() {
         "https"
     } else {
@@ -67,6 +80,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     bmc_task.abort();
     engine_task.abort();
+    for t in &kube_tasks {
+        t.abort();
+    }
     if let Some(p) = poll_task {
         p.abort();
     }
@@ -153,6 +169,13 @@ async fn open(
         event_log,
         metrics,
         services,
+        kube: config.kube.enabled.then(|| {
+            let kinds: Vec<&'static str> = crate::kube::mirror::Mirrors::ALL
+                .iter()
+                .map(|k| k.name())
+                .collect();
+            Arc::new(crate::kube::Sync::new(&kinds))
+        }),
     });
     Ok((app, bmc, writer))
 }

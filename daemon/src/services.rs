@@ -169,11 +169,123 @@ impl HardwareService {
         Ok(existed)
     }
 
+    /// The Kubernetes mirror's write (`kube::mirror`): the cluster is the
+    /// truth. A document tinkerbox cannot take is reported (`kube.invalid`)
+    /// and the stored copy kept; a MAC or IP two Hardware claim is stored
+    /// and answers nothing (`hardware.conflict`, once per conflict).
+    pub async fn mirror(&self, change: Mirrored) -> Result<(), StoreError> {
+        let _w = self.write.lock().await;
+        let (docs, replace) = match change {
+            Mirrored::All(docs) => (docs, true),
+            Mirrored::One(doc) => (vec![doc], false),
+            Mirrored::Gone(key) => {
+                drop(_w);
+                self.delete(&key).await?;
+                return Ok(());
+            }
+        };
+        let mut items = Vec::with_capacity(docs.len());
+        let mut kept = vec![];
+        for doc in docs {
+            let name = crate::kube::doc_key(&doc);
+            match hardware::validate(doc) {
+                Ok(hw) => items.push(hw),
+                Err(e) => {
+                    tracing::warn!(hardware = %name, error = %e, "kube: Hardware not mirrored");
+                    self.events.record(Event::new(
+                        Kind::KubeInvalid,
+                        format!("Hardware {name} from the cluster is not served: {e}"),
+                    ));
+                    kept.push(name);
+                }
+            }
+        }
+        if replace && !kept.is_empty() {
+            // The last good copy of an object that turned invalid stays.
+            for key in &kept {
+                if let Some(doc) = self.store.get(key).await?
+                    && let Ok(hw) = hardware::validate(doc)
+                {
+                    items.push(hw);
+                }
+            }
+        }
+        let before = self.inventory.snapshot().conflicts();
+        let (outcomes, deleted) = self.store.mirror_hardware(&items, replace).await?;
+        let mut patch = Patch {
+            upsert: vec![],
+            delete: deleted.clone(),
+        };
+        for (hw, outcome) in items.into_iter().zip(outcomes) {
+            self.metrics.applied(outcome.as_str());
+            if outcome == Outcome::Unchanged {
+                continue;
+            }
+            let key = hw.machine.key.clone();
+            let kind = match outcome {
+                Outcome::Created => Kind::HardwareCreated,
+                _ => Kind::HardwareUpdated,
+            };
+            self.events.record(
+                Event::new(
+                    kind,
+                    format!("Hardware {key} {} (mirrored)", outcome.as_str()),
+                )
+                .machine(key),
+            );
+            patch.upsert.push(hw.machine);
+        }
+        for key in &deleted {
+            self.metrics.hardware_deletes.inc();
+            self.events.record(
+                Event::new(
+                    Kind::HardwareDeleted,
+                    format!("Hardware {key} deleted (mirrored)"),
+                )
+                .machine(key.clone()),
+            );
+        }
+        if !patch.upsert.is_empty() || !patch.delete.is_empty() {
+            self.publish(patch);
+        }
+        for c in self.inventory.snapshot().conflicts() {
+            if before.contains(&c) {
+                continue;
+            }
+            let names: Vec<String> = c.machines.iter().map(Key::to_string).collect();
+            tracing::warn!(what = %c.what, machines = ?names, "kube: a key is claimed twice");
+            for m in &c.machines {
+                self.events.record(
+                    Event::new(
+                        Kind::HardwareConflict,
+                        format!(
+                            "{} is claimed by {}: no answer for it until one lets go",
+                            c.what,
+                            names.join(" and ")
+                        ),
+                    )
+                    .machine(m.clone()),
+                );
+            }
+        }
+        Ok(())
+    }
+
     fn publish(&self, patch: Patch) {
         let n = self.inventory.apply(patch);
         self.metrics.inventory_swaps.inc();
         self.metrics.hardware.set(n as i64);
     }
+}
+
+/// A change the Kubernetes mirror hands a service.
+pub enum Mirrored {
+    /// The whole set (a list's `InitDone`): everything else goes.
+    All(Vec<Value>),
+    /// One object created or changed.
+    One(Value),
+    /// One object deleted.
+    Gone(Key),
 }
 
 /// BMCs: apply Rufio's documents and Secrets, and start jobs.

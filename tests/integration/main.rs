@@ -10,6 +10,7 @@ mod common;
 mod daemon;
 mod dhcp;
 mod hardware;
+mod kube;
 mod metadata;
 mod netns;
 mod tink;

@@ -222,7 +222,24 @@ async fn delete_hardware(
     q: Result<Query<NsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let k = key(name, query(q)?);
+    not_mirrored(&app, "Hardware")?;
     deleted(app.services.hardware.delete(&k).await?, "Hardware", k)
+}
+
+/// In Kubernetes mode the cluster is the truth for the kinds tinkerbox
+/// mirrors from it: a change here would be undone by the next watch event.
+pub(crate) fn not_mirrored(app: &App, kind: &str) -> Result<(), ApiError> {
+    if app.kube.is_none() {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::FORBIDDEN,
+        format!(
+            "{kind} is mirrored from the Kubernetes cluster ([kube] enabled): change it there, \
+             e.g. kubectl apply -f FILE, kubectl delete {} NAME -n NAMESPACE",
+            kind.to_lowercase()
+        ),
+    ))
 }
 
 #[derive(Serialize)]
@@ -237,6 +254,7 @@ async fn apply_hardware(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    not_mirrored(&app, "Hardware")?;
     let body = body.map_err(|e| {
         let status = e.status();
         let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {

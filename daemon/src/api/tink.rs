@@ -65,6 +65,9 @@ async fn apply(
         checked.push(check(d.doc).map_err(|e| ApiError::bad_request(locate(e, i, d.line, many)))?);
     }
     // Where each document's outcome lands: (group, index in the group).
+    if checked.iter().any(|c| matches!(c, Checked::Hardware(_))) {
+        super::not_mirrored(&app, "Hardware")?;
+    }
     let (mut hw, mut bmcs, mut tpls, mut wfs) = (vec![], vec![], vec![], vec![]);
     let mut order = Vec::with_capacity(checked.len());
     for c in checked {

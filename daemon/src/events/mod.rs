@@ -37,6 +37,18 @@ pub enum Kind {
     HardwareUpdated,
     #[serde(rename = "hardware.deleted")]
     HardwareDeleted,
+    /// A MAC or IP claimed by two mirrored Hardware: neither is answered.
+    #[serde(rename = "hardware.conflict")]
+    HardwareConflict,
+    /// A mirrored object tinkerbox cannot take (it stays out of the store).
+    #[serde(rename = "kube.invalid")]
+    KubeInvalid,
+    /// The mirror is current again (a full list of a kind was swapped in).
+    #[serde(rename = "kube.synced")]
+    KubeSynced,
+    /// The API server cannot be read: serving from the last mirror.
+    #[serde(rename = "kube.disconnected")]
+    KubeDisconnected,
     #[serde(rename = "dhcp.offer")]
     DhcpOffer,
     #[serde(rename = "dhcp.ack")]
@@ -101,6 +113,10 @@ impl Kind {
             Kind::HardwareCreated => "hardware.created",
             Kind::HardwareUpdated => "hardware.updated",
             Kind::HardwareDeleted => "hardware.deleted",
+            Kind::HardwareConflict => "hardware.conflict",
+            Kind::KubeInvalid => "kube.invalid",
+            Kind::KubeSynced => "kube.synced",
+            Kind::KubeDisconnected => "kube.disconnected",
             Kind::DhcpOffer => "dhcp.offer",
             Kind::DhcpAck => "dhcp.ack",
             Kind::DhcpNak => "dhcp.nak",

@@ -75,10 +75,28 @@ pub fn count(metrics: &Metrics, listener: Listener, status: StatusCode) {
         .inc();
 }
 
-/// Healthy when the store answers within a second.
+/// Healthy when the store answers within a second. In Kubernetes mode a
+/// second line says whether the mirror is current; a stale mirror is still
+/// healthy (the boot path serves from it), so the line only reports it.
 async fn healthz(State(app): State<Arc<App>>) -> impl IntoResponse {
     match tokio::time::timeout(Duration::from_secs(1), app.store.ping()).await {
-        Ok(Ok(())) => (StatusCode::OK, "ok\n".to_string()),
+        Ok(Ok(())) => {
+            let kube = app.kube.as_ref().map(|s| {
+                let r = s.report();
+                match (r.current, r.age_seconds) {
+                    (true, _) => "kube: current\n".to_string(),
+                    (false, Some(age)) => format!(
+                        "kube: stale for {age:.0}s, serving the last mirror ({})\n",
+                        r.error.as_deref().unwrap_or("reconnecting")
+                    ),
+                    (false, None) => format!(
+                        "kube: not yet listed ({}), serving the stored mirror\n",
+                        r.error.as_deref().unwrap_or("connecting")
+                    ),
+                }
+            });
+            (StatusCode::OK, format!("ok\n{}", kube.unwrap_or_default()))
+        }
         Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}\n")),
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -397,6 +397,81 @@ impl Store {
         Ok(outcomes)
     }
 
+    /// The Kubernetes mirror's write: the cluster is the truth, so a MAC or
+    /// IP another Hardware claims is stored anyway (the inventory answers
+    /// neither) and only the first owner is indexed. `replace`: `items` is
+    /// the whole set (a list's `InitDone`), and every other Hardware is
+    /// deleted in the same transaction. Returns each item's outcome and the
+    /// keys deleted.
+    pub async fn mirror_hardware(
+        &self,
+        items: &[Hardware],
+        replace: bool,
+    ) -> Result<(Vec<Outcome>, Vec<Key>), StoreError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let now = now_ms();
+        let mut deleted = vec![];
+        if replace {
+            let keep: std::collections::HashSet<(&str, &str)> = items
+                .iter()
+                .map(|h| {
+                    (
+                        h.machine.key.namespace.as_str(),
+                        h.machine.key.name.as_str(),
+                    )
+                })
+                .collect();
+            let all: Vec<(String, String)> = sqlx::query_as("SELECT namespace, name FROM hardware")
+                .fetch_all(&mut *tx)
+                .await?;
+            for (ns, name) in all {
+                if !keep.contains(&(ns.as_str(), name.as_str())) {
+                    sqlx::query("DELETE FROM hardware WHERE namespace = ? AND name = ?")
+                        .bind(&ns)
+                        .bind(&name)
+                        .execute(&mut *tx)
+                        .await?;
+                    deleted.push(Key::new(ns, name));
+                }
+            }
+        }
+        let mut outcomes = Vec::with_capacity(items.len());
+        for hw in items {
+            let m = &hw.machine;
+            let old: Option<String> =
+                sqlx::query_scalar("SELECT doc FROM hardware WHERE namespace = ? AND name = ?")
+                    .bind(&m.key.namespace)
+                    .bind(&m.key.name)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let outcome = match &old {
+                Some(o) if serde_json::from_str::<Value>(o).ok().as_ref() == Some(&hw.doc) => {
+                    outcomes.push(Outcome::Unchanged);
+                    continue;
+                }
+                Some(_) => Outcome::Configured,
+                None => Outcome::Created,
+            };
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO hardware (namespace, name, doc, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?)
+                 ON CONFLICT (namespace, name) DO UPDATE
+                 SET doc = excluded.doc, updated_ms = excluded.updated_ms, generation = generation + 1
+                 RETURNING id",
+            )
+            .bind(&m.key.namespace)
+            .bind(&m.key.name)
+            .bind(hw.doc.to_string())
+            .bind(now)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await?;
+            index_keys_shared(&mut tx, id, m).await?;
+            outcomes.push(outcome);
+        }
+        tx.commit().await?;
+        Ok((outcomes, deleted))
+    }
+
     pub async fn get(&self, key: &Key) -> Result<Option<Value>, StoreError> {
         Ok(self.get_versioned(key).await?.map(|(doc, _)| doc))
     }
@@ -528,6 +603,36 @@ async fn index_keys(
     }
     for ip in m.ips() {
         sqlx::query("INSERT INTO hardware_ip (ip, hardware_id) VALUES (?, ?)")
+            .bind(ip.to_string())
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// [`index_keys`] where a key may already belong to another Hardware
+/// (the mirror): that owner keeps it.
+async fn index_keys_shared(
+    tx: &mut sqlx::SqliteConnection,
+    id: i64,
+    m: &Machine,
+) -> Result<(), StoreError> {
+    for table in [
+        "DELETE FROM hardware_mac WHERE hardware_id = ?",
+        "DELETE FROM hardware_ip WHERE hardware_id = ?",
+    ] {
+        sqlx::query(table).bind(id).execute(&mut *tx).await?;
+    }
+    for mac in m.macs() {
+        sqlx::query("INSERT OR IGNORE INTO hardware_mac (mac, hardware_id) VALUES (?, ?)")
+            .bind(mac.to_string())
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    for ip in m.ips() {
+        sqlx::query("INSERT OR IGNORE INTO hardware_ip (ip, hardware_id) VALUES (?, ?)")
             .bind(ip.to_string())
             .bind(id)
             .execute(&mut *tx)
