@@ -154,6 +154,11 @@ impl HardwareService {
     /// True when the Hardware existed.
     pub async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         let _w = self.write.lock().await;
+        self.delete_locked(key).await
+    }
+
+    /// [`Self::delete`], the write lock held by the caller.
+    async fn delete_locked(&self, key: &Key) -> Result<bool, StoreError> {
         let existed = self.store.delete(key).await?;
         if existed {
             self.metrics.hardware_deletes.inc();
@@ -179,8 +184,7 @@ impl HardwareService {
             Mirrored::All(docs) => (docs, true),
             Mirrored::One(doc) => (vec![doc], false),
             Mirrored::Gone(key) => {
-                drop(_w);
-                self.delete(&key).await?;
+                self.delete_locked(&key).await?;
                 return Ok(());
             }
         };

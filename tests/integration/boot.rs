@@ -302,15 +302,7 @@ fn binaries_and_artifacts_over_http() {
         o.status.success() && o.stdout == b.efi,
         "HTTP-boot binary differs"
     );
-    let o = d.curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        &d.url("/ipxe/binary/nope.efi"),
-    ]);
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "404");
+    assert_eq!(d.http_status(&d.url("/ipxe/binary/nope.efi")), "404");
     // Whole artifact, then a Range.
     let o = d.curl(&["-sf", &d.url("/artifacts/vmlinuz-x86_64")]);
     assert!(o.stdout == b.artifact);

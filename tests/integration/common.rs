@@ -286,6 +286,13 @@ impl Daemon {
         String::from_utf8(o.stdout).unwrap()
     }
 
+    /// The HTTP status code curl gets for `url` (a GET), as text ("000"
+    /// when nothing answered).
+    pub fn http_status(&self, url: &str) -> String {
+        let o = self.curl(&["-s", "-o", "/dev/null", "-w", "%{http_code}", url]);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
     pub fn curl(&self, args: &[&str]) -> Output {
         self.command("curl")
             .args(["--max-time", "20"])

@@ -313,15 +313,7 @@ fn admin_api_over_tls() {
         &url,
     ]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("52:54:00:00:00:aa"));
-    let o = d.curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        &d.api_url("/api/v1/hardware"),
-    ]);
-    assert_ne!(String::from_utf8_lossy(&o.stdout), "200");
+    assert_ne!(d.http_status(&d.api_url("/api/v1/hardware")), "200");
     // A client that does not trust the certificate is refused by TLS.
     let o = d.curl(&["-s", &url]);
     assert_eq!(
@@ -336,15 +328,7 @@ fn metrics_health_and_clean_stop() {
     let mut d = Daemon::start();
     let o = d.curl(&["-s", &d.url("/healthz")]);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n");
-    let o = d.curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        &d.url("/nope"),
-    ]);
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "404");
+    assert_eq!(d.http_status(&d.url("/nope")), "404");
     let f = write_file(
         &d.dir,
         "a.yaml",

@@ -142,15 +142,7 @@ fn until(secs: u64, what: &str, d: &Daemon, mut f: impl FnMut() -> bool) {
 }
 
 fn script_status(d: &Daemon, mac: &str) -> String {
-    let o = d.curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        &d.url(&format!("/ipxe/script/{mac}/auto.ipxe")),
-    ]);
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    d.http_status(&d.url(&format!("/ipxe/script/{mac}/auto.ipxe")))
 }
 
 fn names(d: &Daemon) -> Vec<String> {

@@ -345,7 +345,6 @@ impl Store {
         let mut outcomes = Vec::with_capacity(items.len());
         for (i, hw) in items.iter().enumerate() {
             let m = &hw.machine;
-            let doc = hw.doc.to_string();
             let existing: Option<(i64, String, i64)> = sqlx::query_as(
                 "SELECT id, doc, generation FROM hardware WHERE namespace = ? AND name = ?",
             )
@@ -367,31 +366,8 @@ impl Store {
             if let Err(e) = check_keys_free(&mut tx, m, self_id).await? {
                 return Err(if items.len() > 1 { e.within(i) } else { e });
             }
-            let outcome = match &existing {
-                Some((_, old, _))
-                    if serde_json::from_str::<Value>(old).ok().as_ref() == Some(&hw.doc) =>
-                {
-                    outcomes.push(Outcome::Unchanged);
-                    continue;
-                }
-                Some(_) => Outcome::Configured,
-                None => Outcome::Created,
-            };
-            let id: i64 = sqlx::query_scalar(
-                "INSERT INTO hardware (namespace, name, doc, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?)
-                 ON CONFLICT (namespace, name) DO UPDATE
-                 SET doc = excluded.doc, updated_ms = excluded.updated_ms, generation = generation + 1
-                 RETURNING id",
-            )
-            .bind(&m.key.namespace)
-            .bind(&m.key.name)
-            .bind(&doc)
-            .bind(now)
-            .bind(now)
-            .fetch_one(&mut *tx)
-            .await?;
-            index_keys(&mut tx, id, m).await?;
-            outcomes.push(outcome);
+            let old = existing.as_ref().map(|e| e.1.as_str());
+            outcomes.push(write_hardware(&mut tx, hw, old, now, Keys::Own).await?);
         }
         tx.commit().await?;
         Ok(outcomes)
@@ -444,29 +420,7 @@ impl Store {
                     .bind(&m.key.name)
                     .fetch_optional(&mut *tx)
                     .await?;
-            let outcome = match &old {
-                Some(o) if serde_json::from_str::<Value>(o).ok().as_ref() == Some(&hw.doc) => {
-                    outcomes.push(Outcome::Unchanged);
-                    continue;
-                }
-                Some(_) => Outcome::Configured,
-                None => Outcome::Created,
-            };
-            let id: i64 = sqlx::query_scalar(
-                "INSERT INTO hardware (namespace, name, doc, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?)
-                 ON CONFLICT (namespace, name) DO UPDATE
-                 SET doc = excluded.doc, updated_ms = excluded.updated_ms, generation = generation + 1
-                 RETURNING id",
-            )
-            .bind(&m.key.namespace)
-            .bind(&m.key.name)
-            .bind(hw.doc.to_string())
-            .bind(now)
-            .bind(now)
-            .fetch_one(&mut *tx)
-            .await?;
-            index_keys_shared(&mut tx, id, m).await?;
-            outcomes.push(outcome);
+            outcomes.push(write_hardware(&mut tx, hw, old.as_deref(), now, Keys::Shared).await?);
         }
         tx.commit().await?;
         Ok((outcomes, deleted))
@@ -581,64 +535,76 @@ async fn check_keys_free(
 }
 
 /// The MAC and IP rows of Hardware `id`, replaced by the machine's.
-async fn index_keys(
-    tx: &mut sqlx::SqliteConnection,
-    id: i64,
-    m: &Machine,
-) -> Result<(), StoreError> {
-    sqlx::query("DELETE FROM hardware_mac WHERE hardware_id = ?")
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("DELETE FROM hardware_ip WHERE hardware_id = ?")
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-    for mac in m.macs() {
-        sqlx::query("INSERT INTO hardware_mac (mac, hardware_id) VALUES (?, ?)")
-            .bind(mac.to_string())
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-    }
-    for ip in m.ips() {
-        sqlx::query("INSERT INTO hardware_ip (ip, hardware_id) VALUES (?, ?)")
-            .bind(ip.to_string())
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-    }
-    Ok(())
+/// Who may hold a MAC or IP in `hardware_mac`/`hardware_ip`.
+#[derive(Clone, Copy)]
+enum Keys {
+    /// Checked free first (`check_keys_free`): the row is this Hardware's.
+    Own,
+    /// The mirror: a key another Hardware already holds stays with it.
+    Shared,
 }
 
-/// [`index_keys`] where a key may already belong to another Hardware
-/// (the mirror): that owner keeps it.
-async fn index_keys_shared(
+/// Write `hw` unless its stored document (`old`) is the same, and index its
+/// keys.
+async fn write_hardware(
     tx: &mut sqlx::SqliteConnection,
-    id: i64,
-    m: &Machine,
-) -> Result<(), StoreError> {
+    hw: &Hardware,
+    old: Option<&str>,
+    now: i64,
+    index: Keys,
+) -> Result<Outcome, StoreError> {
+    let m = &hw.machine;
+    let outcome = match old {
+        Some(o) if serde_json::from_str::<Value>(o).ok().as_ref() == Some(&hw.doc) => {
+            return Ok(Outcome::Unchanged);
+        }
+        Some(_) => Outcome::Configured,
+        None => Outcome::Created,
+    };
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO hardware (namespace, name, doc, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?)
+         ON CONFLICT (namespace, name) DO UPDATE
+         SET doc = excluded.doc, updated_ms = excluded.updated_ms, generation = generation + 1
+         RETURNING id",
+    )
+    .bind(&m.key.namespace)
+    .bind(&m.key.name)
+    .bind(hw.doc.to_string())
+    .bind(now)
+    .bind(now)
+    .fetch_one(&mut *tx)
+    .await?;
     for table in [
         "DELETE FROM hardware_mac WHERE hardware_id = ?",
         "DELETE FROM hardware_ip WHERE hardware_id = ?",
     ] {
         sqlx::query(table).bind(id).execute(&mut *tx).await?;
     }
+    let (mac_sql, ip_sql) = match index {
+        Keys::Own => (
+            "INSERT INTO hardware_mac (mac, hardware_id) VALUES (?, ?)",
+            "INSERT INTO hardware_ip (ip, hardware_id) VALUES (?, ?)",
+        ),
+        Keys::Shared => (
+            "INSERT OR IGNORE INTO hardware_mac (mac, hardware_id) VALUES (?, ?)",
+            "INSERT OR IGNORE INTO hardware_ip (ip, hardware_id) VALUES (?, ?)",
+        ),
+    };
     for mac in m.macs() {
-        sqlx::query("INSERT OR IGNORE INTO hardware_mac (mac, hardware_id) VALUES (?, ?)")
+        sqlx::query(mac_sql)
             .bind(mac.to_string())
             .bind(id)
             .execute(&mut *tx)
             .await?;
     }
     for ip in m.ips() {
-        sqlx::query("INSERT OR IGNORE INTO hardware_ip (ip, hardware_id) VALUES (?, ?)")
+        sqlx::query(ip_sql)
             .bind(ip.to_string())
             .bind(id)
             .execute(&mut *tx)
             .await?;
     }
-    Ok(())
+    Ok(outcome)
 }
 
 /// The machines of one page from [`Store::load_machines`]: items separated
