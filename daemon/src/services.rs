@@ -103,6 +103,18 @@ impl HardwareService {
                 return Err(e);
             }
         };
+        Ok(self.published(items, outcomes, vec![], ""))
+    }
+
+    /// After a commit: count, record and publish what it wrote and deleted
+    /// (`origin` ends the events' messages, e.g. " (mirrored)").
+    fn published(
+        &self,
+        items: Vec<Hardware>,
+        outcomes: Vec<Outcome>,
+        deleted: Vec<Key>,
+        origin: &str,
+    ) -> Vec<(Key, Outcome)> {
         let mut patch = Patch::default();
         let mut result = Vec::with_capacity(items.len());
         for (hw, outcome) in items.into_iter().zip(outcomes) {
@@ -114,17 +126,28 @@ impl HardwareService {
                     _ => Kind::HardwareUpdated,
                 };
                 self.events.record(
-                    Event::new(kind, format!("Hardware {key} {}", outcome.as_str()))
+                    Event::new(kind, format!("Hardware {key} {}{origin}", outcome.as_str()))
                         .machine(key.clone()),
                 );
                 patch.upsert.push(hw.machine);
             }
             result.push((key, outcome));
         }
-        if !patch.upsert.is_empty() {
+        for key in deleted {
+            self.metrics.hardware_deletes.inc();
+            self.events.record(
+                Event::new(
+                    Kind::HardwareDeleted,
+                    format!("Hardware {key} deleted{origin}"),
+                )
+                .machine(key.clone()),
+            );
+            patch.delete.push(key);
+        }
+        if !patch.upsert.is_empty() || !patch.delete.is_empty() {
             self.publish(patch);
         }
-        Ok(result)
+        result
     }
 
     /// Set annotation `name` to `value` unless the Hardware has it already
@@ -154,22 +177,14 @@ impl HardwareService {
     /// True when the Hardware existed.
     pub async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         let _w = self.write.lock().await;
-        self.delete_locked(key).await
+        self.delete_locked(key, "").await
     }
 
     /// [`Self::delete`], the write lock held by the caller.
-    async fn delete_locked(&self, key: &Key) -> Result<bool, StoreError> {
+    async fn delete_locked(&self, key: &Key, origin: &str) -> Result<bool, StoreError> {
         let existed = self.store.delete(key).await?;
         if existed {
-            self.metrics.hardware_deletes.inc();
-            self.publish(Patch {
-                upsert: vec![],
-                delete: vec![key.clone()],
-            });
-            self.events.record(
-                Event::new(Kind::HardwareDeleted, format!("Hardware {key} deleted"))
-                    .machine(key.clone()),
-            );
+            self.published(vec![], vec![], vec![key.clone()], origin);
         }
         Ok(existed)
     }
@@ -184,7 +199,7 @@ impl HardwareService {
             Mirrored::All(docs) => (docs, true),
             Mirrored::One(doc) => (vec![doc], false),
             Mirrored::Gone(key) => {
-                self.delete_locked(&key).await?;
+                self.delete_locked(&key, " (mirrored)").await?;
                 return Ok(());
             }
         };
@@ -216,42 +231,7 @@ impl HardwareService {
         }
         let before = self.inventory.snapshot().conflicts();
         let (outcomes, deleted) = self.store.mirror_hardware(&items, replace).await?;
-        let mut patch = Patch {
-            upsert: vec![],
-            delete: deleted.clone(),
-        };
-        for (hw, outcome) in items.into_iter().zip(outcomes) {
-            self.metrics.applied(outcome.as_str());
-            if outcome == Outcome::Unchanged {
-                continue;
-            }
-            let key = hw.machine.key.clone();
-            let kind = match outcome {
-                Outcome::Created => Kind::HardwareCreated,
-                _ => Kind::HardwareUpdated,
-            };
-            self.events.record(
-                Event::new(
-                    kind,
-                    format!("Hardware {key} {} (mirrored)", outcome.as_str()),
-                )
-                .machine(key),
-            );
-            patch.upsert.push(hw.machine);
-        }
-        for key in &deleted {
-            self.metrics.hardware_deletes.inc();
-            self.events.record(
-                Event::new(
-                    Kind::HardwareDeleted,
-                    format!("Hardware {key} deleted (mirrored)"),
-                )
-                .machine(key.clone()),
-            );
-        }
-        if !patch.upsert.is_empty() || !patch.delete.is_empty() {
-            self.publish(patch);
-        }
+        self.published(items, outcomes, deleted, " (mirrored)");
         for c in self.inventory.snapshot().conflicts() {
             if before.contains(&c) {
                 continue;
