@@ -48,6 +48,24 @@ pub struct KubeConfig {
     pub kubeconfig: Option<PathBuf>,
     /// Mirror this namespace only; empty: every namespace.
     pub namespace: String,
+    /// Who runs the cluster's Workflows: tinkerbox's engine (native), or
+    /// tink-controller and tink-server on the cluster (external: tinkerbox
+    /// only reads them).
+    pub tink: Role,
+    /// Who runs the cluster's BMC Machines, Jobs and Tasks: tinkerbox's
+    /// BMC engine (native) or Rufio (external).
+    pub rufio: Role,
+}
+
+/// Who plays a Tinkerbell role in kube mode.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// tinkerbox does it, and writes the objects' status as upstream does.
+    #[default]
+    Native,
+    /// An upstream controller on the cluster does it; tinkerbox only reads.
+    External,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -827,6 +845,8 @@ mod tests {
                 enabled: true,
                 kubeconfig: Some("/etc/tb/kubeconfig".into()),
                 namespace: "tinkerbell".into(),
+                tink: Role::External,
+                rufio: Role::External,
             },
         }
     }

@@ -57,12 +57,38 @@ impl Kind {
     }
 }
 
+/// `tinkerbell.org/disabled: <reason>`, Tinkerbell's master switch on
+/// Hardware, Workflow and BMC objects: no engine acts on the object (it is
+/// still stored, served and shown).
+pub const DISABLED: &str = "tinkerbell.org/disabled";
+
+/// The reason an object is disabled, if it is.
+pub fn disabled(doc: &Value) -> Option<&str> {
+    doc.pointer("/metadata/annotations")
+        .and_then(|a| a.get(DISABLED))
+        .and_then(Value::as_str)
+}
+
 /// One checked document, by what takes it.
 pub enum Checked {
     Hardware(hardware::Hardware),
     Bmc(bmc::Doc),
     Template(Template),
     Workflow(Workflow),
+}
+
+impl Checked {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Checked::Hardware(_) => Kind::Hardware,
+            Checked::Template(_) => Kind::Template,
+            Checked::Workflow(_) => Kind::Workflow,
+            Checked::Bmc(bmc::Doc::Machine { .. }) => Kind::Machine,
+            Checked::Bmc(bmc::Doc::Job { .. }) => Kind::Job,
+            Checked::Bmc(bmc::Doc::Task { .. }) => Kind::Task,
+            Checked::Bmc(bmc::Doc::Secret { .. }) => Kind::Secret,
+        }
+    }
 }
 
 /// Check a document of any kind by the rules of its kind.
@@ -117,5 +143,14 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(e.field, "spec.templateRef");
+    }
+
+    #[test]
+    fn the_disabled_annotation() {
+        assert_eq!(
+            disabled(&json!({"metadata": {"annotations": {DISABLED: "maintenance"}}})),
+            Some("maintenance")
+        );
+        assert_eq!(disabled(&json!({"metadata": {}})), None);
     }
 }

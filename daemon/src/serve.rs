@@ -28,11 +28,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .into();
     let (app, bmc, writer) = open(&config, started).await?;
     let n = app.inventory.snapshot().len();
-    let bmc_task = tokio::spawn(bmc.clone().run());
-    let engine_task = tokio::spawn(
-        crate::workflow::engine::Engine::new(app.store.clone(), app.services.clone()).run(),
-    );
-    let poll_task = (!config.bmc.poll_interval.is_zero())
+    // In kube mode an external role is an upstream controller's: its
+    // engine does not run here.
+    let native = |r: crate::config::Role| !config.kube.enabled || r == crate::config::Role::Native;
+    let rufio = native(config.kube.rufio);
+    let bmc_task = rufio.then(|| tokio::spawn(bmc.clone().run()));
+    let engine_task = native(config.kube.tink).then(|| {
+        tokio::spawn(
+            crate::workflow::engine::Engine::new(app.store.clone(), app.services.clone()).run(),
+        )
+    });
+    let poll_task = (rufio && !config.bmc.poll_interval.is_zero())
         .then(|| tokio::spawn(bmc.poll(config.bmc.poll_interval)));
     // Bind everything before READY, so a port clash fails the start.
     let running = listen(&app, token).await?;
@@ -46,8 +52,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             sync: sync.clone(),
             metrics: app.metrics.clone(),
             events: app.events.clone(),
+            take_status: config.kube.tink == crate::config::Role::External,
         }
-        .spawn(client, &config.kube.namespace);
+        .spawn(
+            client,
+            &config.kube.namespace,
+            &crate::kube::mirror::kinds(&config.kube),
+        );
     }
     let scheme = if config.api.tls_cert.is_some() {
         "https"
@@ -78,8 +89,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(w) = watchdog {
         w.abort();
     }
-    bmc_task.abort();
-    engine_task.abort();
+    for t in bmc_task.iter().chain(&engine_task) {
+        t.abort();
+    }
     for t in &kube_tasks {
         t.abort();
     }
@@ -170,9 +182,9 @@ async fn open(
         metrics,
         services,
         kube: config.kube.enabled.then(|| {
-            let kinds: Vec<&'static str> = crate::kube::mirror::Mirrors::ALL
-                .iter()
-                .map(|k| k.name())
+            let kinds: Vec<&'static str> = crate::kube::mirror::kinds(&config.kube)
+                .into_iter()
+                .map(crate::kube::mirror::kind_name)
                 .collect();
             Arc::new(crate::kube::Sync::new(&kinds))
         }),

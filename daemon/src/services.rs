@@ -272,6 +272,46 @@ pub enum Mirrored {
     Gone(Key),
 }
 
+/// The Kubernetes mirror's write of a kind other than Hardware: each
+/// object checked by its kind's rules; one that fails is reported
+/// (`kube.invalid`) and its last good copy kept.
+async fn mirror_objects(
+    store: &Store,
+    events: &EventSink,
+    kind: crate::kinds::Kind,
+    change: Mirrored,
+    take_status: bool,
+) -> Result<(), StoreError> {
+    let (docs, replace) = match change {
+        Mirrored::All(docs) => (docs, true),
+        Mirrored::One(doc) => (vec![doc], false),
+        Mirrored::Gone(key) => {
+            store.mirror_delete(kind, &key).await?;
+            return Ok(());
+        }
+    };
+    let mut items = Vec::with_capacity(docs.len());
+    let mut kept = vec![];
+    for doc in docs {
+        let name = crate::kube::doc_key(&doc);
+        match crate::kube::convert::item(kind, doc) {
+            Ok(item) => items.push(item),
+            Err(e) => {
+                tracing::warn!(kind = ?kind, name = %name, error = %e, "kube: object not mirrored");
+                events.record(Event::new(
+                    Kind::KubeInvalid,
+                    format!("{kind:?} {name} from the cluster is not used: {e}"),
+                ));
+                kept.push(name);
+            }
+        }
+    }
+    store
+        .mirror_objects(kind, &items, replace, &kept, take_status)
+        .await?;
+    Ok(())
+}
+
 /// BMCs: apply Rufio's documents and Secrets, and start jobs.
 pub struct BmcService {
     store: Store,
@@ -300,6 +340,17 @@ impl BmcService {
             self.wake.notify_one();
         }
         Ok(out)
+    }
+
+    /// The Kubernetes mirror's write of Machines, Jobs, Tasks and Secrets.
+    pub async fn mirror(
+        &self,
+        kind: crate::kinds::Kind,
+        change: Mirrored,
+    ) -> Result<(), StoreError> {
+        mirror_objects(&self.store, &self.events, kind, change, false).await?;
+        self.wake.notify_one();
+        Ok(())
     }
 
     /// Store a job of `tasks` for BMC Machine `machine` (named
@@ -539,6 +590,20 @@ impl WorkflowService {
         let out = self.store.apply_tink(templates, workflows).await?;
         self.wake.notify_one();
         Ok(out)
+    }
+
+    /// The Kubernetes mirror's write of Templates and Workflows.
+    /// `take_status`: the cluster's Workflow status is the truth (another
+    /// instance or tink-controller writes it).
+    pub async fn mirror(
+        &self,
+        kind: crate::kinds::Kind,
+        change: Mirrored,
+        take_status: bool,
+    ) -> Result<(), StoreError> {
+        mirror_objects(&self.store, &self.events, kind, change, take_status).await?;
+        self.wake.notify_one();
+        Ok(())
     }
 
     /// GetAction for `agent`: the action to run, with `currentState`

@@ -119,8 +119,13 @@ impl Drop for Cluster {
 }
 
 fn kube_daemon(c: &Cluster) -> Daemon {
+    kube_daemon_with(c, "")
+}
+
+/// With more `[kube]` keys (`extra`: TOML lines).
+fn kube_daemon_with(c: &Cluster, extra: &str) -> Daemon {
     let boot = format!(
-        "{NO_BOOT}[kube]\nenabled = true\nkubeconfig = {:?}\n",
+        "{NO_BOOT}[kube]\nenabled = true\nkubeconfig = {:?}\n{extra}",
         c.kubeconfig
     );
     Daemon::start_setup(Setup {
@@ -257,5 +262,159 @@ fn objects_deleted_while_disconnected_are_gone_after_the_relist() {
         events_of(&d, "b")
             .iter()
             .any(|e| e["kind"] == "hardware.deleted")
+    });
+}
+
+const TINK_AND_BMC: &str = r#"
+apiVersion: tinkerbell.org/v1alpha1
+kind: Template
+metadata: {name: t1, namespace: default}
+spec:
+  data: |
+    version: "0.1"
+    name: t1
+    global_timeout: 600
+    tasks:
+    - name: os
+      worker: "{{.device_1}}"
+      actions:
+      - {name: a, image: bash, timeout: 60}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Workflow
+metadata: {name: w1, namespace: default}
+spec:
+  templateRef: t1
+  hardwareRef: m1
+  hardwareMap: {device_1: "52:54:00:6b:00:01"}
+---
+apiVersion: bmc.tinkerbell.org/v1alpha1
+kind: Machine
+metadata: {name: bmc1, namespace: default}
+spec:
+  connection: {host: 127.0.0.1, port: 623, insecureTLS: true, authSecretRef: {name: bmc1-auth, namespace: default}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: bmc1-auth, namespace: default}
+type: Opaque
+data: {username: YWRtaW4=, password: cGFzcw==}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: unrelated, namespace: default}
+type: Opaque
+data: {token: c2VjcmV0}
+---
+apiVersion: bmc.tinkerbell.org/v1alpha1
+kind: Job
+metadata: {name: j1, namespace: default}
+spec:
+  machineRef: {name: bmc1, namespace: default}
+  tasks:
+  - powerAction: "on"
+"#;
+
+/// Every Tinkerbell kind is mirrored, not only Hardware. With Tink and
+/// Rufio external, the cluster's status is what tinkerbox shows (their
+/// controllers write it), nothing runs here, and no Secret is read.
+#[test]
+fn templates_workflows_and_bmc_objects_are_mirrored_with_their_status() {
+    let cluster = Cluster::start();
+    cluster.kubectl(&["create", "-f", "-"], Some(&hw_doc("m1", M1, "10.8.0.1")));
+    cluster.kubectl(&["create", "-f", "-"], Some(TINK_AND_BMC));
+    let d = kube_daemon_with(&cluster, "tink = \"external\"\nrufio = \"external\"\n");
+    let get = |path: &str| {
+        let (code, v) = d.api("GET", path, None);
+        (code, v)
+    };
+    until(10, "the workflow's mirror", &d, || {
+        get("/api/v1/workflows/w1?namespace=default").0 == 200
+    });
+    let (code, t) = get("/api/v1/templates/t1?namespace=default");
+    assert_eq!(code, 200, "{t}");
+    let (code, m) = get("/api/v1/bmc/machines/bmc1?namespace=default");
+    assert_eq!(code, 200, "{m}");
+    until(10, "the job's mirror", &d, || {
+        get("/api/v1/bmc/jobs/j1?namespace=default").0 == 200
+    });
+    // External Rufio: the job is not run here.
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, j) = get("/api/v1/bmc/jobs/j1?namespace=default");
+    assert_eq!(j["state"], "pending", "{j}");
+
+    // tink-controller (external) writes the status: tinkerbox shows it.
+    let status = r#"{"status":{"state":"RUNNING","agentID":"52:54:00:6b:00:01","templateRendering":"successful",
+        "tasks":[{"id":"t-1","name":"os","agentID":"52:54:00:6b:00:01","actions":[{"id":"a-1","name":"a","image":"bash","timeout":60,"state":"RUNNING"}]}]}}"#;
+    cluster.kubectl(
+        &[
+            "patch",
+            "workflow",
+            "w1",
+            "--subresource",
+            "status",
+            "--type",
+            "merge",
+            "-p",
+            status,
+        ],
+        None,
+    );
+    until(5, "the cluster's status", &d, || {
+        get("/api/v1/workflows/w1?namespace=default").1["status"]["state"] == "RUNNING"
+    });
+    // v0.12's schema reads too.
+    let old = r#"{"status":{"state":"STATE_SUCCESS","templateRending":"successful",
+        "tasks":[{"name":"os","worker":"52:54:00:6b:00:01","actions":[{"name":"a","image":"bash","timeout":60,"status":"STATE_SUCCESS","startedAt":"2026-11-24T10:00:00Z","seconds":3}]}]}}"#;
+    cluster.kubectl(
+        &[
+            "patch",
+            "workflow",
+            "w1",
+            "--subresource",
+            "status",
+            "--type",
+            "merge",
+            "-p",
+            old,
+        ],
+        None,
+    );
+    until(5, "the v0.12 status", &d, || {
+        let w = get("/api/v1/workflows/w1?namespace=default").1;
+        w["status"]["state"] == "SUCCESS"
+            && w["status"]["tasks"][0]["actions"][0]["executionDuration"] == "3s"
+    });
+
+    // Local writes of any mirrored kind are refused, naming the resource.
+    let tpl = "apiVersion: tinkerbell.org/v1alpha1\nkind: Template\nmetadata: {name: t9}\nspec: {data: 'name: t9'}\n";
+    let (code, body) = d.api(
+        "POST",
+        "/api/v1/apply",
+        Some(("application/yaml", tpl.as_bytes())),
+    );
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("templates.tinkerbell.org"),
+        "{body}"
+    );
+    let (code, _) = d.api("DELETE", "/api/v1/workflows/w1", None);
+    assert_eq!(code, 403);
+    let (code, body) = d.api(
+        "POST",
+        "/api/v1/bmc/machines/bmc1/power",
+        Some(("application/json", br#"{"action":"off"}"#)),
+    );
+    assert_eq!(code, 403, "{body}");
+
+    // Deleted in the cluster: gone here.
+    cluster.kubectl(&["delete", "workflow", "w1"], None);
+    cluster.kubectl(&["delete", "template", "t1"], None);
+    until(5, "the deletions", &d, || {
+        get("/api/v1/workflows/w1?namespace=default").0 == 404
+            && get("/api/v1/templates/t1?namespace=default").0 == 404
     });
 }

@@ -44,6 +44,7 @@ async fn apply(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    super::not_mirrored(&app, crate::kinds::Kind::Machine)?;
     let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::bad_request(FieldError::new("", "body is not UTF-8")))?;
@@ -116,6 +117,8 @@ async fn start_job(
     what: &str,
     tasks: Vec<Action>,
 ) -> Result<Json<Value>, ApiError> {
+    // Jobs are mirrored too: one made here would be dropped by the next list.
+    super::not_mirrored(app, crate::kinds::Kind::Job)?;
     let key = app.services.bmc.start_job(machine, what, tasks).await?;
     Ok(Json(
         json!({"namespace": key.namespace, "name": key.name, "result": Outcome::Created}),
@@ -259,6 +262,7 @@ async fn netboot(
     Path(name): Path<String>,
     Query(q): Query<NsQuery>,
 ) -> Result<Json<Value>, ApiError> {
+    super::not_mirrored(&app, crate::kinds::Kind::Job)?;
     let k = key(name, q);
     let s = &app.services;
     let job = s.bmc.netboot(&s.hardware, &k).await?;

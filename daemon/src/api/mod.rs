@@ -222,22 +222,28 @@ async fn delete_hardware(
     q: Result<Query<NsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let k = key(name, query(q)?);
-    not_mirrored(&app, "Hardware")?;
+    not_mirrored(&app, crate::kinds::Kind::Hardware)?;
     deleted(app.services.hardware.delete(&k).await?, "Hardware", k)
 }
 
 /// In Kubernetes mode the cluster is the truth for the kinds tinkerbox
 /// mirrors from it: a change here would be undone by the next watch event.
-pub(crate) fn not_mirrored(app: &App, kind: &str) -> Result<(), ApiError> {
+pub(crate) fn not_mirrored(app: &App, kind: crate::kinds::Kind) -> Result<(), ApiError> {
     if app.kube.is_none() {
         return Ok(());
     }
+    let name = crate::kube::mirror::kind_name(kind);
+    let resource = crate::kube::mirror::resource(kind);
+    let plural = if resource.group.is_empty() {
+        resource.plural
+    } else {
+        format!("{}.{}", resource.plural, resource.group)
+    };
     Err(ApiError::new(
         StatusCode::FORBIDDEN,
         format!(
-            "{kind} is mirrored from the Kubernetes cluster ([kube] enabled): change it there, \
-             e.g. kubectl apply -f FILE, kubectl delete {} NAME -n NAMESPACE",
-            kind.to_lowercase()
+            "{name} is mirrored from the Kubernetes cluster ([kube] enabled): change it there, \
+             e.g. kubectl apply -f FILE, kubectl delete {plural} NAME -n NAMESPACE"
         ),
     ))
 }
@@ -254,7 +260,7 @@ async fn apply_hardware(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    not_mirrored(&app, "Hardware")?;
+    not_mirrored(&app, crate::kinds::Kind::Hardware)?;
     let body = body.map_err(|e| {
         let status = e.status();
         let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {

@@ -65,8 +65,8 @@ async fn apply(
         checked.push(check(d.doc).map_err(|e| ApiError::bad_request(locate(e, i, d.line, many)))?);
     }
     // Where each document's outcome lands: (group, index in the group).
-    if checked.iter().any(|c| matches!(c, Checked::Hardware(_))) {
-        super::not_mirrored(&app, "Hardware")?;
+    for c in &checked {
+        super::not_mirrored(&app, c.kind())?;
     }
     let (mut hw, mut bmcs, mut tpls, mut wfs) = (vec![], vec![], vec![], vec![]);
     let mut order = Vec::with_capacity(checked.len());
@@ -188,6 +188,7 @@ async fn delete_template(
     Path(name): Path<String>,
     q: Result<Query<NsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    super::not_mirrored(&app, crate::kinds::Kind::Template)?;
     delete(&app, TinkKind::Template, key(name, query(q)?)).await
 }
 
@@ -196,5 +197,6 @@ async fn delete_workflow(
     Path(name): Path<String>,
     q: Result<Query<NsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    super::not_mirrored(&app, crate::kinds::Kind::Workflow)?;
     delete(&app, TinkKind::Workflow, key(name, query(q)?)).await
 }

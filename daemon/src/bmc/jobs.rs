@@ -276,6 +276,12 @@ impl Runner {
                     .await
                     .map_err(|e| e.to_string())?
                     .ok_or_else(|| format!("no BMC Machine {k}"))?;
+                if let Some(why) = crate::kinds::disabled(&row.doc) {
+                    return Err(format!(
+                        "BMC Machine {k} is disabled ({}: {why})",
+                        crate::kinds::DISABLED
+                    ));
+                }
                 let spec: MachineSpec =
                     serde_json::from_value(row.doc.get("spec").cloned().unwrap_or_default())
                         .map_err(|e| format!("Machine {k}: {e}"))?;
@@ -415,6 +421,9 @@ impl Runner {
                 }
             };
             for row in machines {
+                if crate::kinds::disabled(&row.doc).is_some() {
+                    continue;
+                }
                 let key = row.key.clone();
                 let Ok(ways) = self.resolve(Some(&key), None, &key.namespace).await else {
                     continue;

@@ -6,7 +6,9 @@
 //! serving what it has meanwhile.
 
 use super::{Sync, clean};
-use crate::events::{Event, EventSink, Kind};
+use crate::config::{KubeConfig, Role};
+use crate::events::{Event, EventSink, Kind as EventKind};
+use crate::kinds::Kind;
 use crate::metrics::{Metrics, WatchLabels};
 use crate::services::{Mirrored, Services};
 use futures::StreamExt;
@@ -17,27 +19,57 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
-/// The kinds mirrored from the cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mirrors {
-    Hardware,
+/// The kinds mirrored from the cluster, for the roles of `[kube]`:
+/// Secrets only when tinkerbox's BMC engine needs their credentials.
+pub fn kinds(cfg: &KubeConfig) -> Vec<Kind> {
+    let mut k = vec![
+        Kind::Hardware,
+        Kind::Template,
+        Kind::Workflow,
+        Kind::Machine,
+        Kind::Job,
+        Kind::Task,
+    ];
+    if cfg.rufio == Role::Native {
+        k.push(Kind::Secret);
+    }
+    k
 }
 
-impl Mirrors {
-    pub const ALL: &[Mirrors] = &[Mirrors::Hardware];
+/// The API resource of a mirrored kind.
+pub fn resource(kind: Kind) -> ApiResource {
+    let (group, version, plural) = match kind {
+        Kind::Hardware => ("tinkerbell.org", "v1alpha1", "hardware"),
+        Kind::Template => ("tinkerbell.org", "v1alpha1", "templates"),
+        Kind::Workflow => ("tinkerbell.org", "v1alpha1", "workflows"),
+        Kind::Machine => ("bmc.tinkerbell.org", "v1alpha1", "machines"),
+        Kind::Job => ("bmc.tinkerbell.org", "v1alpha1", "jobs"),
+        Kind::Task => ("bmc.tinkerbell.org", "v1alpha1", "tasks"),
+        Kind::Secret => ("", "v1", "secrets"),
+    };
+    let name = kind_name(kind);
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, name), plural)
+}
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Mirrors::Hardware => "Hardware",
-        }
+/// The `kind:` of a mirrored kind's objects.
+pub fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Hardware => "Hardware",
+        Kind::Template => "Template",
+        Kind::Workflow => "Workflow",
+        Kind::Machine => "Machine",
+        Kind::Job => "Job",
+        Kind::Task => "Task",
+        Kind::Secret => "Secret",
     }
+}
 
-    pub fn resource(self) -> ApiResource {
-        let (group, version, kind, plural) = match self {
-            Mirrors::Hardware => ("tinkerbell.org", "v1alpha1", "Hardware", "hardware"),
-        };
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-    }
+/// Rufio's Secrets hold `username` and `password`; any other Secret in the
+/// namespace (tokens, certificates) is none of tinkerbox's business and is
+/// never stored.
+fn wanted(kind: Kind, doc: &Value) -> bool {
+    kind != Kind::Secret
+        || (doc.pointer("/data/username").is_some() && doc.pointer("/data/password").is_some())
 }
 
 /// What the watches share.
@@ -47,6 +79,8 @@ pub struct Mirror {
     pub sync: Arc<Sync>,
     pub metrics: Arc<Metrics>,
     pub events: EventSink,
+    /// The cluster's Workflow status is the truth (tink is external).
+    pub take_status: bool,
 }
 
 impl Mirror {
@@ -54,10 +88,15 @@ impl Mirror {
     /// the tasks are aborted; also keeps `kube_sync_age_seconds` up to date.
     /// The tasks hold event senders: abort them before the event writer is
     /// waited for.
-    pub fn spawn(&self, client: kube::Client, namespace: &str) -> Vec<JoinHandle<()>> {
+    pub fn spawn(
+        &self,
+        client: kube::Client,
+        namespace: &str,
+        kinds: &[Kind],
+    ) -> Vec<JoinHandle<()>> {
         let mut tasks = vec![];
-        for &kind in Mirrors::ALL {
-            let ar = kind.resource();
+        for &kind in kinds {
+            let ar = resource(kind);
             let api: Api<DynamicObject> = if namespace.is_empty() {
                 Api::all_with(client.clone(), &ar)
             } else {
@@ -86,8 +125,8 @@ impl Mirror {
             .set(r.age_seconds.unwrap_or(-1.0));
     }
 
-    async fn watch(&self, kind: Mirrors, api: Api<DynamicObject>) {
-        let ar = kind.resource();
+    async fn watch(&self, kind: Kind, api: Api<DynamicObject>) {
+        let ar = resource(kind);
         let mut stream = watcher(api, watcher::Config::default())
             .default_backoff()
             .boxed();
@@ -99,13 +138,23 @@ impl Mirror {
                     continue;
                 }
                 Ok(watcher::Event::InitApply(o)) => {
-                    listed.push(document(o, &ar));
+                    let doc = document(o, &ar);
+                    if wanted(kind, &doc) {
+                        listed.push(doc);
+                    }
                     continue;
                 }
                 Ok(watcher::Event::InitDone) => {
                     ("relist", Mirrored::All(std::mem::take(&mut listed)))
                 }
-                Ok(watcher::Event::Apply(o)) => ("apply", Mirrored::One(document(o, &ar))),
+                Ok(watcher::Event::Apply(o)) => {
+                    let doc = document(o, &ar);
+                    if wanted(kind, &doc) {
+                        ("apply", Mirrored::One(doc))
+                    } else {
+                        ("apply", Mirrored::Gone(super::doc_key(&doc)))
+                    }
+                }
                 Ok(watcher::Event::Delete(o)) => {
                     let key = super::doc_key(&document(o, &ar));
                     ("delete", Mirrored::Gone(key))
@@ -113,13 +162,13 @@ impl Mirror {
                 Err(e) => {
                     self.count(kind, "error");
                     let msg = e.to_string();
-                    tracing::warn!(kind = kind.name(), error = %msg, "kube: watch failed; serving the last mirror, retrying");
-                    let ended = self.sync.failed(kind.name(), msg.clone());
+                    tracing::warn!(kind = kind_name(kind), error = %msg, "kube: watch failed; serving the last mirror, retrying");
+                    let ended = self.sync.failed(kind_name(kind), msg.clone());
                     self.gauges();
                     if ended {
                         self.events.record(Event::new(
-                            Kind::KubeDisconnected,
-                            format!("the cluster cannot be read ({} watch: {msg}): serving the last mirror", kind.name()),
+                            EventKind::KubeDisconnected,
+                            format!("the cluster cannot be read ({} watch: {msg}): serving the last mirror", kind_name(kind)),
                         ));
                     }
                     continue;
@@ -128,33 +177,40 @@ impl Mirror {
             self.count(kind, event);
             if let Err(e) = self.apply(kind, change).await {
                 // The store refused (disk, corruption): the next relist tries again.
-                tracing::error!(kind = kind.name(), error = %e, "kube: mirror write failed");
-                self.sync.failed(kind.name(), format!("store: {e}"));
+                tracing::error!(kind = kind_name(kind), error = %e, "kube: mirror write failed");
+                self.sync.failed(kind_name(kind), format!("store: {e}"));
                 continue;
             }
-            let now_current = self.sync.ok(kind.name());
+            let now_current = self.sync.ok(kind_name(kind));
             self.gauges();
             if now_current {
                 tracing::info!("kube: the mirror is current");
                 self.events.record(Event::new(
-                    Kind::KubeSynced,
+                    EventKind::KubeSynced,
                     "the mirror of the cluster is current".to_string(),
                 ));
             }
         }
     }
 
-    async fn apply(&self, kind: Mirrors, change: Mirrored) -> Result<(), crate::store::StoreError> {
+    async fn apply(&self, kind: Kind, change: Mirrored) -> Result<(), crate::store::StoreError> {
+        let s = &self.services;
         match kind {
-            Mirrors::Hardware => self.services.hardware.mirror(change).await,
+            Kind::Hardware => s.hardware.mirror(change).await,
+            Kind::Template | Kind::Workflow => {
+                s.workflow.mirror(kind, change, self.take_status).await
+            }
+            Kind::Machine | Kind::Job | Kind::Task | Kind::Secret => {
+                s.bmc.mirror(kind, change).await
+            }
         }
     }
 
-    fn count(&self, kind: Mirrors, event: &'static str) {
+    fn count(&self, kind: Kind, event: &'static str) {
         self.metrics
             .kube_watch_events
             .get_or_create(&WatchLabels {
-                kind: kind.name(),
+                kind: kind_name(kind),
                 event,
             })
             .inc();

@@ -11,6 +11,7 @@
 //!   and the event log.
 
 pub mod client;
+pub mod convert;
 pub mod mirror;
 
 use crate::hardware::Key;

@@ -337,7 +337,7 @@ async fn secret(tx: &mut SqliteConnection, key: &Key) -> Result<Option<Credentia
     Ok(r.map(|(username, password)| Credentials { username, password }))
 }
 
-async fn upsert_secret(
+pub(super) async fn upsert_secret(
     tx: &mut SqliteConnection,
     key: &Key,
     c: &Credentials,
@@ -367,7 +367,10 @@ async fn upsert_secret(
 
 /// A new job; jobs are immutable, so an existing name with another
 /// document is refused (a Conflict naming the job).
-async fn insert_job(tx: &mut SqliteConnection, j: &NewJob<'_>) -> Result<Outcome, StoreError> {
+pub(super) async fn insert_job(
+    tx: &mut SqliteConnection,
+    j: &NewJob<'_>,
+) -> Result<Outcome, StoreError> {
     let key = j.key;
     let old: Option<(String,)> =
         sqlx::query_as("SELECT doc FROM bmc_jobs WHERE namespace = ? AND name = ?")

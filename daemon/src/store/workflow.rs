@@ -92,6 +92,45 @@ async fn write_status(
     Ok(Ok(w.version + 1))
 }
 
+/// The cluster's status of a mirrored Workflow, written over the stored
+/// one (the mirror's write; the engine's go through the version check).
+/// False when it was the same.
+pub(super) async fn import_status(
+    tx: &mut sqlx::SqliteConnection,
+    key: &Key,
+    status: &Status,
+) -> Result<bool, StoreError> {
+    let text = serde_json::to_string(status)
+        .map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))?;
+    let id: Option<i64> = sqlx::query_scalar(
+        "UPDATE workflows SET status = ?, state = ?, version = version + 1, updated_ms = ?
+         WHERE namespace = ? AND name = ? AND status IS NOT ? RETURNING id",
+    )
+    .bind(&text)
+    .bind(status.state.as_str())
+    .bind(now_ms())
+    .bind(&key.namespace)
+    .bind(&key.name)
+    .bind(&text)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(id) = id else { return Ok(false) };
+    sqlx::query("DELETE FROM workflow_agents WHERE workflow_id = ?")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    let agents: std::collections::BTreeSet<&str> =
+        status.tasks.iter().map(|t| t.agent_id.as_str()).collect();
+    for a in agents {
+        sqlx::query("INSERT INTO workflow_agents (agent_id, workflow_id) VALUES (?, ?)")
+            .bind(a)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(true)
+}
+
 /// Which of the two tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TinkKind {
@@ -139,7 +178,7 @@ impl Store {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
-    fn bump_workflows(&self) {
+    pub(super) fn bump_workflows(&self) {
         self.statuses
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);

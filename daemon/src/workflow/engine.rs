@@ -503,6 +503,9 @@ impl Engine {
 
     async fn pass(&self, full: bool) -> Result<(), StoreError> {
         for row in self.store.workflows(None, &[State::New]).await? {
+            if crate::kinds::disabled(&row.doc).is_some() {
+                continue;
+            }
             if let Err(e) = self.render(&row).await {
                 tracing::warn!(workflow = %row.key, error = %e, "workflow engine: rendering");
             }
@@ -513,6 +516,9 @@ impl Engine {
             &[State::Preparing, State::Post]
         };
         for row in self.store.workflows(None, active).await? {
+            if crate::kinds::disabled(&row.doc).is_some() {
+                continue;
+            }
             let spec = spec_of(&row);
             let ctx = self.context(&row, &spec).await?;
             let Some((next, effects)) =

@@ -1,0 +1,346 @@
+//! The Kubernetes mirror's writes of Templates, Workflows and Rufio's
+//! objects (Hardware has its own, [`Store::mirror_hardware`], because of
+//! its key index). The cluster is the truth: a list replaces the kind
+//! whole, in one transaction, so what was deleted while the watch was down
+//! goes too.
+
+use super::bmc::{JobKind, NewJob, State as JobState, insert_job, upsert_secret};
+use super::workflow::import_status;
+use super::{DocTable, Outcome, Store, StoreError, upsert_document};
+use crate::bmc::model::Doc;
+use crate::hardware::Key;
+use crate::kinds::{Checked, Kind};
+use crate::workflow::model::Status;
+use std::collections::HashSet;
+
+/// One mirrored object, checked, with what the cluster says of its state.
+pub struct MirrorItem {
+    pub checked: Checked,
+    /// A Workflow's status as the cluster has it (in tinkerbox's schema).
+    pub status: Option<Status>,
+    /// A Job's or Task's outcome as the cluster has it: a job that ran
+    /// (under another leader, or before the store was wiped) is stored as
+    /// done and never run again.
+    pub job_state: Option<(JobState, Option<String>)>,
+}
+
+impl MirrorItem {
+    pub fn new(checked: Checked) -> Self {
+        MirrorItem {
+            checked,
+            status: None,
+            job_state: None,
+        }
+    }
+
+    pub fn key(&self) -> &Key {
+        match &self.checked {
+            Checked::Hardware(h) => &h.machine.key,
+            Checked::Template(t) => &t.key,
+            Checked::Workflow(w) => &w.key,
+            Checked::Bmc(Doc::Machine { key, .. })
+            | Checked::Bmc(Doc::Job { key, .. })
+            | Checked::Bmc(Doc::Task { key, .. })
+            | Checked::Bmc(Doc::Secret { key, .. }) => key,
+        }
+    }
+}
+
+/// Where a kind lives: its table, and the statement for one row's keys.
+fn keys_sql(kind: Kind) -> Option<(&'static str, &'static str)> {
+    Some(match kind {
+        Kind::Template => (
+            "SELECT namespace, name FROM templates",
+            "DELETE FROM templates WHERE namespace = ? AND name = ?",
+        ),
+        Kind::Workflow => (
+            "SELECT namespace, name FROM workflows",
+            "DELETE FROM workflows WHERE namespace = ? AND name = ?",
+        ),
+        Kind::Machine => (
+            "SELECT namespace, name FROM bmc_machines",
+            "DELETE FROM bmc_machines WHERE namespace = ? AND name = ?",
+        ),
+        Kind::Secret => (
+            "SELECT namespace, name FROM bmc_secrets",
+            "DELETE FROM bmc_secrets WHERE namespace = ? AND name = ?",
+        ),
+        Kind::Job => (
+            "SELECT namespace, name FROM bmc_jobs WHERE kind = 'Job'",
+            "DELETE FROM bmc_jobs WHERE namespace = ? AND name = ? AND kind = 'Job'",
+        ),
+        Kind::Task => (
+            "SELECT namespace, name FROM bmc_jobs WHERE kind = 'Task'",
+            "DELETE FROM bmc_jobs WHERE namespace = ? AND name = ? AND kind = 'Task'",
+        ),
+        Kind::Hardware => return None,
+    })
+}
+
+impl Store {
+    /// Mirror objects of one `kind` (not Hardware). `replace`: `items` is
+    /// the whole set, every other object of the kind is deleted, except
+    /// those in `keep` (objects the cluster has but tinkerbox could not
+    /// take: their last good copy stays). `take_status`: the cluster's
+    /// Workflow status replaces the stored one (this instance does not
+    /// write it); a Workflow new to the store always takes it. Returns the
+    /// outcomes and the keys deleted.
+    pub async fn mirror_objects(
+        &self,
+        kind: Kind,
+        items: &[MirrorItem],
+        replace: bool,
+        keep: &[Key],
+        take_status: bool,
+    ) -> Result<(Vec<Outcome>, Vec<Key>), StoreError> {
+        let Some((select, delete)) = keys_sql(kind) else {
+            return Err(StoreError::Io(std::io::Error::other(
+                "Hardware is mirrored by mirror_hardware",
+            )));
+        };
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut deleted = vec![];
+        if replace {
+            let wanted: HashSet<&Key> = items.iter().map(MirrorItem::key).chain(keep).collect();
+            let all: Vec<(String, String)> = sqlx::query_as(select).fetch_all(&mut *tx).await?;
+            for (ns, name) in all {
+                let key = Key::new(ns, name);
+                if !wanted.contains(&key) {
+                    sqlx::query(delete)
+                        .bind(&key.namespace)
+                        .bind(&key.name)
+                        .execute(&mut *tx)
+                        .await?;
+                    deleted.push(key);
+                }
+            }
+        }
+        let mut outcomes = Vec::with_capacity(items.len());
+        for item in items {
+            let o = match &item.checked {
+                Checked::Template(t) => {
+                    upsert_document(&mut tx, DocTable::Templates, &t.key, &t.doc).await?
+                }
+                Checked::Workflow(w) => {
+                    let o = upsert_document(&mut tx, DocTable::Workflows, &w.key, &w.doc).await?;
+                    let take = take_status || o == Outcome::Created;
+                    match &item.status {
+                        Some(s) if take && import_status(&mut tx, &w.key, s).await? => {
+                            Outcome::Configured.max_with(o)
+                        }
+                        _ => o,
+                    }
+                }
+                Checked::Bmc(Doc::Machine { key, doc, .. }) => {
+                    upsert_document(&mut tx, DocTable::BmcMachines, key, doc).await?
+                }
+                Checked::Bmc(Doc::Secret { key, credentials }) => {
+                    upsert_secret(&mut tx, key, credentials).await?
+                }
+                Checked::Bmc(Doc::Job { key, doc, spec }) => {
+                    let m = spec.machine_key(&key.namespace);
+                    let job = NewJob {
+                        key,
+                        kind: JobKind::Job,
+                        doc,
+                        machine: Some(&m),
+                        connection: None,
+                        tasks: &spec.tasks,
+                    };
+                    mirror_job(&mut tx, &job, item.job_state.as_ref()).await?
+                }
+                Checked::Bmc(Doc::Task {
+                    key,
+                    doc,
+                    connection,
+                    action,
+                }) => {
+                    let job = NewJob {
+                        key,
+                        kind: JobKind::Task,
+                        doc,
+                        machine: None,
+                        connection: Some(connection),
+                        tasks: std::slice::from_ref(action),
+                    };
+                    mirror_job(&mut tx, &job, item.job_state.as_ref()).await?
+                }
+                Checked::Hardware(_) => {
+                    return Err(StoreError::Io(std::io::Error::other(
+                        "Hardware is mirrored by mirror_hardware",
+                    )));
+                }
+            };
+            outcomes.push(o);
+        }
+        tx.commit().await?;
+        if kind == Kind::Workflow {
+            self.bump_workflows();
+        }
+        Ok((outcomes, deleted))
+    }
+
+    /// One object of `kind` deleted in the cluster.
+    pub async fn mirror_delete(&self, kind: Kind, key: &Key) -> Result<bool, StoreError> {
+        let Some((_, delete)) = keys_sql(kind) else {
+            return Ok(false);
+        };
+        let r = sqlx::query(delete)
+            .bind(&key.namespace)
+            .bind(&key.name)
+            .execute(self.pool())
+            .await?;
+        if kind == Kind::Workflow {
+            self.bump_workflows();
+        }
+        Ok(r.rows_affected() > 0)
+    }
+}
+
+impl Outcome {
+    /// Configured wins over Unchanged; Created stays Created.
+    fn max_with(self, other: Outcome) -> Outcome {
+        if other == Outcome::Created {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// A Job or Task from the cluster: stored once (the cluster may change
+/// its labels or status, never its tasks: those changes are not a new
+/// job), with the outcome the cluster already records, if any.
+async fn mirror_job(
+    tx: &mut sqlx::SqliteConnection,
+    job: &NewJob<'_>,
+    state: Option<&(JobState, Option<String>)>,
+) -> Result<Outcome, StoreError> {
+    let exists: Option<i64> =
+        sqlx::query_scalar("SELECT id FROM bmc_jobs WHERE namespace = ? AND name = ?")
+            .bind(&job.key.namespace)
+            .bind(&job.key.name)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if exists.is_some() {
+        return Ok(Outcome::Unchanged);
+    }
+    let o = insert_job(tx, job).await?;
+    if let Some((s, message)) = state {
+        sqlx::query(
+            "UPDATE bmc_jobs SET state = ?, message = ?, completed_ms = ? WHERE namespace = ? AND name = ?",
+        )
+        .bind(s)
+        .bind(message)
+        .bind(crate::clock::now_ms())
+        .bind(&job.key.namespace)
+        .bind(&job.key.name)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::check;
+    use crate::workflow::model::State;
+    use serde_json::json;
+
+    fn item(doc: serde_json::Value) -> MirrorItem {
+        MirrorItem::new(check(doc).unwrap())
+    }
+
+    fn workflow(name: &str) -> serde_json::Value {
+        json!({"apiVersion": "tinkerbell.org/v1alpha1", "kind": "Workflow",
+            "metadata": {"name": name, "namespace": "ns"}, "spec": {"templateRef": "t"}})
+    }
+
+    fn job(name: &str) -> serde_json::Value {
+        json!({"apiVersion": "bmc.tinkerbell.org/v1alpha1", "kind": "Job",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"machineRef": {"name": "m", "namespace": "ns"}, "tasks": [{"powerAction": "on"}]}})
+    }
+
+    /// A list replaces the kind whole; the cluster's Workflow status is
+    /// taken for a new Workflow, and afterwards only when asked; a job the
+    /// cluster says is done is stored done.
+    #[tokio::test]
+    async fn a_list_replaces_the_kind_and_status_is_taken_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let mut a = item(workflow("a"));
+        a.status = Some(Status {
+            state: State::Running,
+            ..Status::default()
+        });
+        let b = item(workflow("b"));
+        let (o, gone) = store
+            .mirror_objects(Kind::Workflow, &[a, b], true, &[], false)
+            .await
+            .unwrap();
+        assert_eq!(o, [Outcome::Created, Outcome::Created]);
+        assert!(gone.is_empty());
+        let k = |n: &str| Key::new("ns", n);
+        let row = store.workflow(&k("a")).await.unwrap().unwrap();
+        assert_eq!(row.status.state, State::Running, "taken when new");
+        // The engine moves it on; the cluster's older status is not taken
+        // back unless asked.
+        let mut s = row.status.clone();
+        s.state = State::Success;
+        store
+            .save_workflow_status(&row.key, row.version, &s)
+            .await
+            .unwrap();
+        let mut again = item(workflow("a"));
+        again.status = Some(Status {
+            state: State::Running,
+            ..Status::default()
+        });
+        let (o, gone) = store
+            .mirror_objects(Kind::Workflow, &[again], true, &[k("b")], false)
+            .await
+            .unwrap();
+        assert_eq!(o, [Outcome::Unchanged]);
+        assert!(gone.is_empty(), "b is kept: {gone:?}");
+        let row = store.workflow(&k("a")).await.unwrap().unwrap();
+        assert_eq!(row.status.state, State::Success);
+        let mut taken = item(workflow("a"));
+        taken.status = Some(Status {
+            state: State::Failed,
+            ..Status::default()
+        });
+        let (o, gone) = store
+            .mirror_objects(Kind::Workflow, &[taken], true, &[], true)
+            .await
+            .unwrap();
+        assert_eq!(o, [Outcome::Configured]);
+        assert_eq!(gone, [k("b")]);
+        let row = store.workflow(&k("a")).await.unwrap().unwrap();
+        assert_eq!(row.status.state, State::Failed);
+        assert!(store.mirror_delete(Kind::Workflow, &k("a")).await.unwrap());
+        assert!(store.workflow(&k("a")).await.unwrap().is_none());
+
+        let mut done = item(job("j1"));
+        done.job_state = Some((JobState::Completed, None));
+        let fresh = item(job("j2"));
+        let (o, _) = store
+            .mirror_objects(Kind::Job, &[done, fresh], true, &[], false)
+            .await
+            .unwrap();
+        assert_eq!(o, [Outcome::Created, Outcome::Created]);
+        let j1 = store.job(&k("j1")).await.unwrap().unwrap();
+        assert_eq!(j1.state, JobState::Completed);
+        let pending = store.jobs(Some(JobState::Pending)).await.unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].name, "j2");
+        // Seen again (a relist): not a new job.
+        let (o, gone) = store
+            .mirror_objects(Kind::Job, &[item(job("j2"))], true, &[], false)
+            .await
+            .unwrap();
+        assert_eq!(o, [Outcome::Unchanged]);
+        assert_eq!(gone, [k("j1")]);
+    }
+}
