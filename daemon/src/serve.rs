@@ -47,17 +47,29 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut kube_tasks = vec![];
     if let Some(sync) = &app.kube {
         let client = crate::kube::client::client(&config.kube).await?;
-        kube_tasks = crate::kube::mirror::Mirror {
-            services: app.services.clone(),
-            sync: sync.clone(),
-            metrics: app.metrics.clone(),
-            events: app.events.clone(),
-            take_status: config.kube.tink == crate::config::Role::External,
+        let cluster = Arc::new(crate::kube::writer::Cluster::new(client.clone()));
+        app.services.link.connect(cluster.clone());
+        if native(config.kube.tink) || rufio {
+            let pusher = crate::kube::writer::Pusher {
+                store: app.store.clone(),
+                cluster,
+                outbox: app.services.link.outbox.clone(),
+            };
+            kube_tasks.push(tokio::spawn(pusher.run()));
         }
-        .spawn(
-            client,
-            &config.kube.namespace,
-            &crate::kube::mirror::kinds(&config.kube),
+        kube_tasks.extend(
+            crate::kube::mirror::Mirror {
+                services: app.services.clone(),
+                sync: sync.clone(),
+                metrics: app.metrics.clone(),
+                events: app.events.clone(),
+                take_status: config.kube.tink == crate::config::Role::External,
+            }
+            .spawn(
+                client,
+                &config.kube.namespace,
+                &crate::kube::mirror::kinds(&config.kube),
+            ),
         );
     }
     let scheme = if config.api.tls_cert.is_some() {
@@ -146,28 +158,35 @@ async fn open(
         tracing::warn!(dir = %config.tftp.ipxe_dir.display(), "no iPXE binaries found (Debian: apt-get install ipxe); PXE clients cannot boot");
     }
     let wake = Arc::new(tokio::sync::Notify::new());
-    let bmc = Arc::new(bmc::jobs::Runner::new(
-        store.clone(),
-        inventory.clone(),
-        sink.clone(),
-        wake.clone(),
-        config.bmc.task_timeout,
-        config.bmc.attempts,
-    ));
+    let link = Arc::new(crate::kube::writer::Link::default());
+    let bmc = Arc::new(
+        bmc::jobs::Runner::new(
+            store.clone(),
+            inventory.clone(),
+            sink.clone(),
+            wake.clone(),
+            config.bmc.task_timeout,
+            config.bmc.attempts,
+        )
+        .with_link(link.clone()),
+    );
     let services = Arc::new(Services {
         hardware: HardwareService::new(
             store.clone(),
             inventory.clone(),
             sink.clone(),
             metrics.clone(),
-        ),
-        bmc: BmcService::new(store.clone(), sink.clone(), wake),
+        )
+        .with_link(link.clone()),
+        bmc: BmcService::new(store.clone(), sink.clone(), wake).with_link(link.clone()),
         workflow: WorkflowService::new(
             store.clone(),
             sink.clone(),
             metrics.clone(),
             Arc::new(tokio::sync::Notify::new()),
-        ),
+        )
+        .with_link(link.clone()),
+        link,
     });
     let app = Arc::new(App {
         config: config.clone(),

@@ -11,6 +11,7 @@ use crate::clock::now_ms;
 use crate::events::{Event, EventSink, Kind};
 use crate::hardware::{self, FieldError, Firmware, Hardware, Key};
 use crate::inventory::{Inventory, Patch};
+use crate::kube::writer::{Dirty, Link};
 use crate::metrics::Metrics;
 use crate::metrics::{ResultLabels, StateLabels};
 use crate::store::bmc::{JobKind, NewJob};
@@ -32,6 +33,9 @@ pub enum Error {
     NotFound(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Kube mode: the write to the cluster failed.
+    #[error(transparent)]
+    Cluster(#[from] crate::kube::writer::WriteError),
 }
 
 /// Hardware: apply, delete, and the changes other use cases make to it.
@@ -43,6 +47,8 @@ pub struct HardwareService {
     /// Held from the read of a read-modify-write (or the start of a plain
     /// write) to the publication of the snapshot.
     write: Mutex<()>,
+    /// Kube mode: changes go to the cluster.
+    link: Arc<Link>,
 }
 
 impl HardwareService {
@@ -59,7 +65,14 @@ impl HardwareService {
             events,
             metrics,
             write: Mutex::new(()),
+            link: Arc::default(),
         }
+    }
+
+    /// Kube mode: the cluster the changes go to.
+    pub fn with_link(mut self, link: Arc<Link>) -> Self {
+        self.link = link;
+        self
     }
 
     /// Apply a batch atomically. Unchanged documents are not rewritten.
@@ -72,11 +85,27 @@ impl HardwareService {
     /// may refuse. The read and the write happen under the write lock, and
     /// the write is checked against the generation that was read: another
     /// writer's change in between is never overwritten.
+    ///
+    /// In kube mode the change is made in the cluster (the truth), checked
+    /// against the resourceVersion read there, then mirrored at once (the
+    /// watch brings the same copy again).
     pub async fn update(
         &self,
         key: &Key,
-        edit: impl FnOnce(&mut Value) -> Result<(), FieldError>,
+        mut edit: impl FnMut(&mut Value) -> Result<(), FieldError>,
     ) -> Result<Hardware, Error> {
+        if let Some(cluster) = self.link.cluster() {
+            let doc = cluster
+                .update(crate::kinds::Kind::Hardware, key, |d| {
+                    edit(d)?;
+                    hardware::validate(crate::kube::clean(d.clone())).map(|_| ())
+                })
+                .await?;
+            let doc = crate::kube::clean(doc);
+            let hw = hardware::validate(doc.clone())?;
+            self.mirror(Mirrored::One(doc)).await?;
+            return Ok(hw);
+        }
         let _w = self.write.lock().await;
         let (mut doc, generation) = self
             .store
@@ -318,6 +347,8 @@ pub struct BmcService {
     events: EventSink,
     /// Wakes the job runner.
     pub wake: Arc<Notify>,
+    /// Kube mode: jobs are created in the cluster.
+    link: Arc<Link>,
 }
 
 impl BmcService {
@@ -326,7 +357,14 @@ impl BmcService {
             store,
             events,
             wake,
+            link: Arc::default(),
         }
+    }
+
+    /// Kube mode: the cluster jobs are created in.
+    pub fn with_link(mut self, link: Arc<Link>) -> Self {
+        self.link = link;
+        self
     }
 
     /// Apply checked documents in one transaction; the runner is woken
@@ -393,6 +431,21 @@ impl BmcService {
             "metadata": {"name": key.name, "namespace": key.namespace},
             "spec": {"machineRef": {"name": machine.name, "namespace": machine.namespace}, "tasks": tasks},
         });
+        if let Some(cluster) = self.link.cluster() {
+            // The Job is made where Rufio's callers make it; the mirror
+            // brings it back and the runner (or Rufio) runs it.
+            use crate::kinds::Kind as K;
+            if replace && let Some(old) = cluster.read(K::Job, key).await? {
+                let status = old.get("status").cloned().unwrap_or_default();
+                let running = crate::kube::convert::job_running(&status);
+                if running {
+                    return Ok(());
+                }
+                cluster.delete(K::Job, key).await?;
+            }
+            cluster.create(K::Job, key, &doc).await?;
+            return Ok(());
+        }
         let job = NewJob {
             key,
             kind: JobKind::Job,
@@ -490,6 +543,8 @@ pub struct WorkflowService {
     /// they were derived at: a rack of finished agents polling every
     /// second is answered from here until a Workflow changes.
     refusals: std::sync::Mutex<std::collections::HashMap<String, (u64, Refusal)>>,
+    /// Kube mode: every status written is owed to the cluster.
+    link: Arc<Link>,
 }
 
 /// Agents whose refusal is remembered, at most (then forgotten at once).
@@ -503,7 +558,14 @@ impl WorkflowService {
             metrics,
             wake,
             refusals: Default::default(),
+            link: Arc::default(),
         }
+    }
+
+    /// Kube mode: the outbox status goes to.
+    pub fn with_link(mut self, link: Arc<Link>) -> Self {
+        self.link = link;
+        self
     }
 
     /// Write `next` over the status `row` was read with (StoreError::Stale
@@ -513,6 +575,7 @@ impl WorkflowService {
             .store
             .save_workflow_status(&row.key, row.version, next)
             .await?;
+        self.link.outbox.mark(Dirty::Workflow(row.key.clone()));
         self.record(row, next);
         Ok(v)
     }
@@ -693,6 +756,8 @@ pub struct Services {
     pub hardware: HardwareService,
     pub bmc: BmcService,
     pub workflow: WorkflowService,
+    /// Kube mode: the cluster they write to, and the status owed to it.
+    pub link: Arc<Link>,
 }
 
 #[cfg(test)]

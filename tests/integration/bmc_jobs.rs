@@ -10,16 +10,16 @@ use std::time::{Duration, Instant};
 const PASSWORD: &str = "s3cret-Pa55";
 
 /// sushy-emulator on a loopback port, stopped by PID on drop.
-struct Sushy {
+pub(crate) struct Sushy {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
     /// sushy keeps the fake machines' state in files under TMPDIR: one
     /// directory per emulator, or parallel tests share a power state.
     _state: tempfile::TempDir,
 }
 
 impl Sushy {
-    fn start() -> Sushy {
+    pub(crate) fn start() -> Sushy {
         let bin = sushy_bin();
         let port = free_port();
         let state = tempfile::tempdir().unwrap();
@@ -56,7 +56,7 @@ impl Sushy {
 
     /// Wait (bounded) for the fake system's power state: sushy's fake
     /// driver applies resets after a delay of a few seconds.
-    fn wait_power(&self, want: &str) {
+    pub(crate) fn wait_power(&self, want: &str) {
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
             if self.system()["PowerState"] == want {

@@ -403,12 +403,19 @@ fn templates_workflows_and_bmc_objects_are_mirrored_with_their_status() {
     );
     let (code, _) = d.api("DELETE", "/api/v1/workflows/w1", None);
     assert_eq!(code, 403);
+    // A power request is a Job made in the cluster, for Rufio to run.
     let (code, body) = d.api(
         "POST",
         "/api/v1/bmc/machines/bmc1/power",
         Some(("application/json", br#"{"action":"off"}"#)),
     );
-    assert_eq!(code, 403, "{body}");
+    assert_eq!(code, 200, "{body}");
+    let job = cluster_get(
+        &cluster,
+        "jobs.bmc.tinkerbell.org",
+        body["name"].as_str().unwrap(),
+    );
+    assert_eq!(job["spec"]["tasks"][0]["powerAction"], "off", "{job:#}");
 
     // Deleted in the cluster: gone here.
     cluster.kubectl(&["delete", "workflow", "w1"], None);
@@ -417,4 +424,113 @@ fn templates_workflows_and_bmc_objects_are_mirrored_with_their_status() {
         get("/api/v1/workflows/w1?namespace=default").0 == 404
             && get("/api/v1/templates/t1?namespace=default").0 == 404
     });
+}
+
+/// `kubectl get KIND NAME -o json`.
+fn cluster_get(c: &Cluster, kind: &str, name: &str) -> Value {
+    serde_json::from_str(&c.kubectl(&["get", kind, name, "-o", "json"], None)).unwrap()
+}
+
+const AGENT: &str = "52:54:00:6b:00:07";
+
+/// Tink and Rufio native: tinkerbox runs the cluster's Workflow as
+/// tink-controller and Rufio would, and everything it does is written to
+/// the cluster: allowPXE flipped on the Hardware, the netboot Job created
+/// and run against a Redfish BMC (sushy-emulator), the Job's and the
+/// Machine's status, and the Workflow's status (through the status
+/// subresource) up to SUCCESS, with a worker generated from upstream's
+/// .proto files running the action.
+#[test]
+fn native_roles_run_the_clusters_workflow_and_write_everything_there() {
+    let cluster = Cluster::start();
+    let sushy = crate::bmc_jobs::Sushy::start();
+    let docs = format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: bmc-creds, namespace: default}}
+type: Opaque
+data: {{username: YWRtaW4=, password: czNjcmV0LVBhNTU=}}
+---
+apiVersion: bmc.tinkerbell.org/v1alpha1
+kind: Machine
+metadata: {{name: bmc-1, namespace: default}}
+spec:
+  connection:
+    host: "http://127.0.0.1:{port}"
+    insecureTLS: true
+    authSecretRef: {{name: bmc-creds, namespace: default}}
+    providerOptions:
+      redfish: {{useBasicAuth: true}}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Hardware
+metadata: {{name: node-1, namespace: default}}
+spec:
+  bmcRef: {{apiGroup: bmc.tinkerbell.org, kind: Machine, name: bmc-1}}
+  interfaces:
+  - dhcp: {{mac: "{AGENT}", ip: {{address: 10.9.0.11, netmask: 255.255.255.0}}}}
+    netboot: {{allowPXE: false}}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Template
+metadata: {{name: t1, namespace: default}}
+spec:
+  data: |
+    name: t1
+    tasks:
+    - {{name: a, worker: "{{{{.device_1}}}}", actions: [{{name: x, image: bash}}]}}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Workflow
+metadata: {{name: wf1, namespace: default}}
+spec:
+  templateRef: t1
+  hardwareRef: node-1
+  hardwareMap: {{device_1: "{AGENT}"}}
+  bootOptions: {{toggleAllowNetboot: true, bootMode: netboot}}
+"#,
+        port = sushy.port
+    );
+    cluster.kubectl(&["create", "-f", "-"], Some(&docs));
+    let d = kube_daemon(&cluster);
+    let state = || {
+        cluster_get(&cluster, "workflow", "wf1")["status"]["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let allow_pxe = || {
+        cluster_get(&cluster, "hardware", "node-1")["spec"]["interfaces"][0]["netboot"]["allowPXE"]
+            .clone()
+    };
+    // PREPARING: allowPXE set in the cluster, the netboot Job made there,
+    // run through the BMC, and its status written back; then PENDING.
+    until(60, "PENDING in the cluster", &d, || state() == "PENDING");
+    assert_eq!(allow_pxe(), true);
+    let job = cluster_get(&cluster, "jobs.bmc.tinkerbell.org", "netboot-wf1");
+    let conditions = job["status"]["conditions"].to_string();
+    assert!(conditions.contains("Completed"), "{job:#}");
+    assert!(job["status"]["completionTime"].is_string(), "{job:#}");
+    sushy.wait_power("On");
+    until(30, "the Machine's status", &d, || {
+        cluster_get(&cluster, "machines.bmc.tinkerbell.org", "bmc-1")["status"]["powerState"]
+            == "on"
+    });
+
+    // The worker runs the action; POST clears allowPXE in the cluster.
+    let lines = crate::tink::peer(&d, &["agent", AGENT]);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["event"] == "served" && l["action"] == "x"),
+        "{lines:#?}"
+    );
+    until(30, "SUCCESS in the cluster", &d, || state() == "SUCCESS");
+    until(10, "allowPXE false in the cluster", &d, || {
+        allow_pxe() == false
+    });
+    let w = cluster_get(&cluster, "workflow", "wf1");
+    let a = &w["status"]["tasks"][0]["actions"][0];
+    assert_eq!(a["state"], "SUCCESS", "{w:#}");
+    assert!(a["executionStart"].is_string(), "{w:#}");
 }

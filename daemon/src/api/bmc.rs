@@ -117,8 +117,6 @@ async fn start_job(
     what: &str,
     tasks: Vec<Action>,
 ) -> Result<Json<Value>, ApiError> {
-    // Jobs are mirrored too: one made here would be dropped by the next list.
-    super::not_mirrored(app, crate::kinds::Kind::Job)?;
     let key = app.services.bmc.start_job(machine, what, tasks).await?;
     Ok(Json(
         json!({"namespace": key.namespace, "name": key.name, "result": Outcome::Created}),
@@ -262,7 +260,6 @@ async fn netboot(
     Path(name): Path<String>,
     Query(q): Query<NsQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    super::not_mirrored(&app, crate::kinds::Kind::Job)?;
     let k = key(name, q);
     let s = &app.services;
     let job = s.bmc.netboot(&s.hardware, &k).await?;

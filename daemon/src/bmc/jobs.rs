@@ -10,6 +10,7 @@ use crate::clock::now_ms;
 use crate::events::{Event, EventSink, Kind};
 use crate::hardware::Key;
 use crate::inventory::Inventory;
+use crate::kube::writer::{Dirty, Link};
 use crate::store::Store;
 use crate::store::bmc::{JobRow, State};
 use serde_json::json;
@@ -171,6 +172,8 @@ pub struct Runner {
     /// Attempts per task (backoff 1 s, 2 s, 4 s, ... between them).
     pub attempts: u32,
     running: Mutex<HashSet<i64>>,
+    /// Kube mode: status copied to the cluster.
+    link: Arc<Link>,
 }
 
 impl Runner {
@@ -190,7 +193,21 @@ impl Runner {
             task_timeout,
             attempts: attempts.max(1),
             running: Mutex::new(HashSet::new()),
+            link: Arc::default(),
         }
+    }
+
+    /// Kube mode: whose outbox every job and Machine status goes to.
+    pub fn with_link(mut self, link: Arc<Link>) -> Self {
+        self.link = link;
+        self
+    }
+
+    /// Persist a job's progress, and owe it to the cluster (kube mode).
+    async fn save(&self, j: &JobRow) -> Result<(), crate::store::StoreError> {
+        self.store.save_job(j).await?;
+        self.link.outbox.mark(Dirty::Job(j.key()));
+        Ok(())
     }
 
     /// Recover from the last run, then start pending jobs as they come.
@@ -242,7 +259,7 @@ impl Runner {
                 j.state = State::Pending;
                 tracing::info!(job = %j.key(), "bmc: resuming job after a restart");
             }
-            self.store.save_job(&j).await?;
+            self.save(&j).await?;
         }
         Ok(())
     }
@@ -311,7 +328,7 @@ impl Runner {
         let key = j.key();
         j.state = State::Running;
         j.started_ms.get_or_insert(now_ms());
-        if let Err(e) = self.store.save_job(&j).await {
+        if let Err(e) = self.save(&j).await {
             tracing::error!(job = %key, error = %e, "bmc: cannot save job");
             self.done(j.id);
             return;
@@ -346,7 +363,7 @@ impl Runner {
                     t.state = State::Running;
                     t.attempts += 1;
                 }
-                if self.store.save_job(&j).await.is_err() {
+                if self.save(&j).await.is_err() {
                     last_err = "cannot persist the task before sending it".into();
                     break;
                 }
@@ -393,7 +410,7 @@ impl Runner {
                 .await;
                 return;
             }
-            if self.store.save_job(&j).await.is_err() {
+            if self.save(&j).await.is_err() {
                 tracing::error!(job = %key, "bmc: cannot save task completion");
             }
         }
@@ -491,8 +508,9 @@ impl Runner {
             "message": err.unwrap_or(""),
             "lastUpdateTime": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         });
-        if let Err(e) = self.store.set_bmc_status(b, power, &cond).await {
-            tracing::warn!(error = %e, "bmc: cannot save status");
+        match self.store.set_bmc_status(b, power, &cond).await {
+            Ok(()) => self.link.outbox.mark(Dirty::Machine(b.clone())),
+            Err(e) => tracing::warn!(error = %e, "bmc: cannot save status"),
         }
     }
 
@@ -500,7 +518,7 @@ impl Runner {
         j.state = state;
         j.message = message;
         j.completed_ms = Some(now_ms());
-        if let Err(e) = self.store.save_job(j).await {
+        if let Err(e) = self.save(j).await {
             tracing::error!(job = %j.key(), error = %e, "bmc: cannot save job");
         }
         tracing::info!(job = %j.key(), state = state.as_str(), message = j.message.as_deref().unwrap_or(""), "bmc: job finished");

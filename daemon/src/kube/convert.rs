@@ -301,6 +301,23 @@ pub fn job_state(status: &Value) -> Option<(JobState, Option<String>)> {
     })
 }
 
+/// A Job someone started and has not finished: Running, neither
+/// Completed nor Failed.
+pub fn job_running(status: &Value) -> bool {
+    let is = |kind: &str| {
+        status
+            .get("conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.get("type").and_then(Value::as_str) == Some(kind)
+                        && c.get("status").and_then(Value::as_str) == Some("True")
+                })
+            })
+    };
+    is("Running") && !is("Completed") && !is("Failed")
+}
+
 fn time(ms: i64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
         .to_string()
@@ -454,6 +471,13 @@ mod tests {
     #[test]
     fn rufio_conditions_both_ways() {
         assert_eq!(job_state(&json!({})), None);
+        assert!(job_running(
+            &json!({"conditions": [{"type": "Running", "status": "True"}]})
+        ));
+        assert!(!job_running(
+            &json!({"conditions": [{"type": "Running", "status": "True"},
+            {"type": "Completed", "status": "True"}]})
+        ));
         assert_eq!(
             job_state(
                 &json!({"conditions": [{"type": "Running", "status": "True"},

@@ -13,6 +13,7 @@
 pub mod client;
 pub mod convert;
 pub mod mirror;
+pub mod writer;
 
 use crate::hardware::Key;
 use serde_json::Value;

@@ -1,0 +1,466 @@
+//! tinkerbox's writes to the cluster, for the roles it plays natively:
+//! - [`Cluster`]: one object at a time, read and written with its
+//!   resourceVersion as precondition and retried on a conflict (another
+//!   writer came between), every call bounded by the client's timeouts.
+//!   The services use it where the cluster is the truth: a Hardware's
+//!   `allowPXE` flip, a BMC Job a Workflow or a user starts.
+//! - [`Outbox`] + [`Pusher`]: status, which tinkerbox keeps in its store
+//!   (the engines write it there, fast and crash-safe) and copies to the
+//!   cluster behind them. Changes are coalesced per object, so a burst of
+//!   action reports is one patch, and kept while the API server is away.
+
+use super::convert::{self, WorkflowSchema, merge_patch};
+use super::mirror::{kind_name, resource};
+use crate::hardware::{FieldError, Key};
+use crate::kinds::Kind;
+use crate::store::Store;
+use crate::store::bmc::JobKind;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// Read-modify-writes lost to another writer are retried this often.
+const ATTEMPTS: usize = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("the Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Invalid(#[from] FieldError),
+    #[error("{kind} {key} kept changing under this write ({ATTEMPTS} conflicts); try again")]
+    Conflict { kind: &'static str, key: Key },
+    #[error("{kind} {key} not found in the cluster")]
+    NotFound { kind: &'static str, key: Key },
+}
+
+/// The cluster, for writes.
+pub struct Cluster {
+    client: kube::Client,
+    schema: Mutex<Option<WorkflowSchema>>,
+}
+
+fn is_api(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+impl Cluster {
+    pub fn new(client: kube::Client) -> Cluster {
+        Cluster {
+            client,
+            schema: Mutex::new(None),
+        }
+    }
+
+    fn api(&self, kind: Kind, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), namespace, &resource(kind))
+    }
+
+    async fn get(&self, kind: Kind, key: &Key) -> Result<Option<Value>, WriteError> {
+        match self.api(kind, &key.namespace).get(&key.name).await {
+            Ok(o) => Ok(Some(serde_json::to_value(o).unwrap_or(Value::Null))),
+            Err(e) if is_api(&e, 404) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Change an object's spec or metadata with `edit` (which may refuse):
+    /// a merge patch of what it changed, with the resourceVersion it read
+    /// as precondition. Returns the object as the API server has it now.
+    pub async fn update(
+        &self,
+        kind: Kind,
+        key: &Key,
+        mut edit: impl FnMut(&mut Value) -> Result<(), FieldError>,
+    ) -> Result<Value, WriteError> {
+        let name = kind_name(kind);
+        for _ in 0..ATTEMPTS {
+            let Some(current) = self.get(kind, key).await? else {
+                return Err(WriteError::NotFound {
+                    kind: name,
+                    key: key.clone(),
+                });
+            };
+            let rv = current.pointer("/metadata/resourceVersion").cloned();
+            let mut next = current.clone();
+            edit(&mut next)?;
+            let Some(mut patch) = merge_patch(&strip(&current), &strip(&next)) else {
+                return Ok(current);
+            };
+            patch["metadata"]["resourceVersion"] = rv.unwrap_or(Value::Null);
+            let api = self.api(kind, &key.namespace);
+            match api
+                .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(o) => return Ok(serde_json::to_value(o).unwrap_or(Value::Null)),
+                Err(e) if is_api(&e, 409) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(WriteError::Conflict {
+            kind: name,
+            key: key.clone(),
+        })
+    }
+
+    /// Make the object's status `desired` (a merge patch of the
+    /// difference, with the resourceVersion read as precondition). False
+    /// when the object is gone; `same` decides which differences matter.
+    pub async fn patch_status(
+        &self,
+        kind: Kind,
+        key: &Key,
+        desired: &Value,
+        same: fn(&Value, &Value) -> bool,
+    ) -> Result<bool, WriteError> {
+        for _ in 0..ATTEMPTS {
+            let Some(current) = self.get(kind, key).await? else {
+                return Ok(false);
+            };
+            let now = current.get("status").cloned().unwrap_or(json!({}));
+            if same(&now, desired) {
+                return Ok(true);
+            }
+            let Some(diff) = merge_patch(&now, desired) else {
+                return Ok(true);
+            };
+            let patch = json!({
+                "metadata": {"resourceVersion": current.pointer("/metadata/resourceVersion")},
+                "status": diff,
+            });
+            let api = self.api(kind, &key.namespace);
+            match api
+                .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(e) if is_api(&e, 409) => continue,
+                Err(e) if is_api(&e, 404) => return Ok(false),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(WriteError::Conflict {
+            kind: kind_name(kind),
+            key: key.clone(),
+        })
+    }
+
+    /// Create `doc`; false when one of its name exists.
+    pub async fn create(&self, kind: Kind, key: &Key, doc: &Value) -> Result<bool, WriteError> {
+        let obj: DynamicObject = serde_json::from_value(doc.clone())
+            .map_err(|e| FieldError::new("", format!("not an object: {e}")))?;
+        match self
+            .api(kind, &key.namespace)
+            .create(&PostParams::default(), &obj)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_api(&e, 409) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The object, as the API server has it (None: not there).
+    pub async fn read(&self, kind: Kind, key: &Key) -> Result<Option<Value>, WriteError> {
+        self.get(kind, key).await
+    }
+
+    /// True when it existed.
+    pub async fn delete(&self, kind: Kind, key: &Key) -> Result<bool, WriteError> {
+        match self
+            .api(kind, &key.namespace)
+            .delete(&key.name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_api(&e, 404) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The installed Workflow CRD's schema, read once (Current when it
+    /// cannot be read: no RBAC for CRDs, or a server without them).
+    async fn workflow_schema(&self) -> WorkflowSchema {
+        if let Some(s) = *self.schema.lock().unwrap_or_else(|p| p.into_inner()) {
+            return s;
+        }
+        let ar = kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk(
+                "apiextensions.k8s.io",
+                "v1",
+                "CustomResourceDefinition",
+            ),
+            "customresourcedefinitions",
+        );
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
+        let s = match api.get("workflows.tinkerbell.org").await {
+            Ok(crd) => WorkflowSchema::of_crd(&serde_json::to_value(crd).unwrap_or(Value::Null)),
+            Err(e) => {
+                tracing::info!(error = %e, "kube: the Workflow CRD cannot be read: writing the current status schema");
+                WorkflowSchema::Current
+            }
+        };
+        tracing::info!(schema = ?s, "kube: Workflow status schema");
+        *self.schema.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
+        s
+    }
+}
+
+/// What the API server owns in an object: a diff of two copies ignores it.
+fn strip(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        for k in [
+            "resourceVersion",
+            "managedFields",
+            "generation",
+            "creationTimestamp",
+            "uid",
+        ] {
+            m.remove(k);
+        }
+    }
+    if let Some(o) = v.as_object_mut() {
+        o.remove("status");
+    }
+    v
+}
+
+/// What the services and engines share of the cluster: the writer (kube
+/// mode, once connected) and the outbox of status owed to it.
+#[derive(Default)]
+pub struct Link {
+    cluster: std::sync::OnceLock<std::sync::Arc<Cluster>>,
+    pub outbox: std::sync::Arc<Outbox>,
+}
+
+impl Link {
+    /// Kube mode: the cluster is where mirrored objects are written.
+    pub fn connect(&self, c: std::sync::Arc<Cluster>) {
+        let _ = self.cluster.set(c);
+    }
+
+    pub fn cluster(&self) -> Option<&std::sync::Arc<Cluster>> {
+        self.cluster.get()
+    }
+}
+
+/// An object whose status tinkerbox owes the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Dirty {
+    Workflow(Key),
+    /// A Job or a Task (a Rufio Task run as a one-task job).
+    Job(Key),
+    Machine(Key),
+}
+
+/// Status changes not yet copied to the cluster, one entry per object.
+/// Marking does nothing until a [`Pusher`] drains it (host mode never).
+#[derive(Default)]
+pub struct Outbox {
+    enabled: AtomicBool,
+    dirty: Mutex<HashSet<Dirty>>,
+    notify: Notify,
+}
+
+impl Outbox {
+    pub fn mark(&self, d: Dirty) {
+        if !self.enabled.load(Ordering::Acquire) {
+            return;
+        }
+        self.dirty
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(d);
+        self.notify.notify_one();
+    }
+
+    fn take(&self) -> Vec<Dirty> {
+        self.dirty
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect()
+    }
+
+    fn put_back(&self, d: Vec<Dirty>) {
+        self.dirty
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(d);
+    }
+}
+
+/// Copies status from the store to the cluster.
+pub struct Pusher {
+    pub store: Store,
+    pub cluster: std::sync::Arc<Cluster>,
+    pub outbox: std::sync::Arc<Outbox>,
+}
+
+impl Pusher {
+    /// Until aborted: every object marked, then everything the store holds
+    /// once at the start (what changed while no pusher ran).
+    pub async fn run(self) {
+        self.outbox.enabled.store(true, Ordering::Release);
+        match self.everything().await {
+            Ok(all) => self.outbox.put_back(all),
+            Err(e) => tracing::warn!(error = %e, "kube: cannot list what to push"),
+        }
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let batch = self.outbox.take();
+            if batch.is_empty() {
+                self.outbox.notify.notified().await;
+                continue;
+            }
+            let mut failed = vec![];
+            for d in batch {
+                if let Err(e) = self.push(&d).await {
+                    tracing::warn!(object = ?d, error = %e, "kube: status not written to the cluster; retrying");
+                    failed.push(d);
+                }
+            }
+            if failed.is_empty() {
+                backoff = Duration::from_millis(500);
+            } else {
+                self.outbox.put_back(failed);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+
+    async fn everything(&self) -> Result<Vec<Dirty>, crate::store::StoreError> {
+        let mut all: Vec<Dirty> = self
+            .store
+            .workflows(None, &[])
+            .await?
+            .into_iter()
+            .filter(|w| w.status != Default::default())
+            .map(|w| Dirty::Workflow(w.key))
+            .collect();
+        all.extend(
+            self.store
+                .jobs(None)
+                .await?
+                .into_iter()
+                .map(|j| Dirty::Job(j.key())),
+        );
+        all.extend(
+            self.store
+                .bmc_machines(None)
+                .await?
+                .into_iter()
+                .map(|m| Dirty::Machine(m.key)),
+        );
+        Ok(all)
+    }
+
+    async fn push(&self, d: &Dirty) -> Result<(), WriteError> {
+        let store_err = |e: crate::store::StoreError| {
+            WriteError::Invalid(FieldError::new("", format!("store: {e}")))
+        };
+        match d {
+            Dirty::Workflow(key) => {
+                let Some(row) = self.store.workflow(key).await.map_err(store_err)? else {
+                    return Ok(());
+                };
+                if crate::kinds::disabled(&row.doc).is_some() {
+                    return Ok(());
+                }
+                let schema = self.cluster.workflow_schema().await;
+                let status = convert::status_to_cluster(&row.status, schema);
+                self.cluster
+                    .patch_status(Kind::Workflow, key, &status, |a, b| a == b)
+                    .await?;
+            }
+            Dirty::Job(key) => {
+                let Some(row) = self.store.job(key).await.map_err(store_err)? else {
+                    return Ok(());
+                };
+                let kind = match row.kind {
+                    JobKind::Job => Kind::Job,
+                    JobKind::Task => Kind::Task,
+                };
+                let status = convert::job_status(&row);
+                self.cluster
+                    .patch_status(kind, key, &status, |a, b| a == b)
+                    .await?;
+            }
+            Dirty::Machine(key) => {
+                let Some(row) = self.store.bmc_machine(key).await.map_err(store_err)? else {
+                    return Ok(());
+                };
+                let status = convert::machine_status(&row);
+                self.cluster
+                    .patch_status(Kind::Machine, key, &status, same_but_time)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Two Machine statuses that differ only in when they were last checked:
+/// the poll is not a change worth a write every interval.
+fn same_but_time(a: &Value, b: &Value) -> bool {
+    let untimed = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(cs) = v.get_mut("conditions").and_then(Value::as_array_mut) {
+            for c in cs {
+                if let Some(o) = c.as_object_mut() {
+                    o.remove("lastUpdateTime");
+                }
+            }
+        }
+        v
+    };
+    untimed(a) == untimed(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poll_that_changes_only_the_time_is_not_written() {
+        let a = json!({"powerState": "on", "conditions": [{"type": "Contactable", "status": "True", "lastUpdateTime": "2026-11-24T10:00:00Z"}]});
+        let mut b = a.clone();
+        b["conditions"][0]["lastUpdateTime"] = json!("2026-11-24T10:00:30Z");
+        assert!(same_but_time(&a, &b));
+        b["powerState"] = json!("off");
+        assert!(!same_but_time(&a, &b));
+    }
+
+    #[test]
+    fn server_fields_are_not_part_of_a_diff() {
+        let a = json!({"metadata": {"name": "x", "resourceVersion": "1", "uid": "u"}, "spec": {"a": 1}, "status": {"s": 1}});
+        let b = json!({"metadata": {"name": "x", "resourceVersion": "2"}, "spec": {"a": 2}, "status": {"s": 2}});
+        assert_eq!(
+            merge_patch(&strip(&a), &strip(&b)),
+            Some(json!({"spec": {"a": 2}}))
+        );
+    }
+
+    #[test]
+    fn the_outbox_coalesces_and_is_off_until_a_pusher_runs() {
+        let o = Outbox::default();
+        let k = Key::new("ns", "w");
+        o.mark(Dirty::Workflow(k.clone()));
+        assert!(o.take().is_empty(), "off: nothing kept");
+        o.enabled.store(true, Ordering::Release);
+        o.mark(Dirty::Workflow(k.clone()));
+        o.mark(Dirty::Workflow(k.clone()));
+        o.mark(Dirty::Job(k.clone()));
+        let mut t = o.take();
+        t.sort_by_key(|d| format!("{d:?}"));
+        assert_eq!(t, [Dirty::Job(k.clone()), Dirty::Workflow(k)]);
+        assert!(o.take().is_empty());
+    }
+}
