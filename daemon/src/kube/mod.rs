@@ -9,10 +9,15 @@
 //!   `InitDone` (objects deleted while disconnected go), changes after it.
 //! - [`Sync`]: whether the mirror is current, for `/healthz`, the metrics
 //!   and the event log.
+//! - `crds`: `tinkerbox kube install-crds`, upstream's CRDs server-side
+//!   applied; `rbac`: `tinkerbox kube rbac`, the ServiceAccount and
+//!   (Cluster)Role tinkerbox needs, from a typed table.
 
 pub mod client;
 pub mod convert;
+pub mod crds;
 pub mod mirror;
+pub mod rbac;
 
 use crate::hardware::Key;
 use serde_json::Value;
