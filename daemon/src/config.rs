@@ -58,7 +58,7 @@ pub struct KubeConfig {
 }
 
 /// Who plays a Tinkerbell role in kube mode.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// tinkerbox does it, and writes the objects' status as upstream does.

@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tinkerbox::cli::{self, Output, Target};
+use tinkerbox::config::Role;
 use tinkerbox::config::{Config, LogFormat, Sources};
 use tinkerbox::kinds::Kind;
 
@@ -109,6 +110,11 @@ enum Command {
         #[command(subcommand)]
         command: MachineCommand,
     },
+    /// Kubernetes mode: install the CRDs, print the RBAC tinkerbox needs
+    Kube {
+        #[command(subcommand)]
+        command: KubeCommand,
+    },
     /// Show what happened to machines (newest last)
     Events {
         /// Hardware name [default: every machine]
@@ -188,6 +194,42 @@ enum BmcCommand {
     Job {
         #[command(subcommand)]
         command: JobCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KubeCommand {
+    /// Server-side apply the Tinkerbell CRDs tinkerbox serves (upstream's, embedded), then wait for them to be Established
+    InstallCrds {
+        /// Kubeconfig file [default: the config's kube.kubeconfig, else in-cluster, $KUBECONFIG, ~/.kube/config]
+        #[arg(long, value_name = "PATH")]
+        kubeconfig: Option<PathBuf>,
+        /// Print the YAML that would be applied; contact no server
+        #[arg(long)]
+        dry_run: bool,
+        /// Take over fields another field manager owns (as kubectl apply --server-side --force-conflicts)
+        #[arg(long)]
+        force_conflicts: bool,
+        /// How long to wait for Established (0: do not wait)
+        #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+        wait_timeout: std::time::Duration,
+    },
+    /// Print the ServiceAccount and (Cluster)Role and binding tinkerbox needs, as YAML for kubectl apply
+    Rbac {
+        /// The one namespace mirrored (a Role and RoleBinding) [default: every namespace, a ClusterRole and ClusterRoleBinding]
+        #[arg(short, long, value_name = "NS")]
+        namespace: Option<String>,
+        /// native: tinkerbox drives the BMCs; external: upstream Rufio does
+        #[arg(long, value_enum, default_value_t = Role::Native)]
+        rufio: Role,
+        /// native: tinkerbox runs the workflows; external: upstream tink-controller does
+        #[arg(long, value_enum, default_value_t = Role::Native)]
+        tink: Role,
+        #[arg(long, value_name = "NAME", default_value = "tinkerbox")]
+        service_account: String,
+        /// The ServiceAccount's namespace
+        #[arg(long, value_name = "NS", default_value = "tinkerbell")]
+        sa_namespace: String,
     },
 }
 
@@ -439,6 +481,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     no_wait,
                 },
         } => cli::bmc::netboot(&target(vec![]), name, namespace.as_deref(), !no_wait).await,
+        Command::Kube { command } => kube(&args, command).await,
         Command::Events {
             name,
             namespace,
@@ -458,5 +501,59 @@ async fn run(args: Args) -> anyhow::Result<()> {
             )
             .await
         }
+    }
+}
+
+async fn kube(args: &Args, command: &KubeCommand) -> anyhow::Result<()> {
+    use tinkerbox::kube::{crds, rbac};
+    match command {
+        KubeCommand::InstallCrds {
+            kubeconfig,
+            dry_run,
+            force_conflicts,
+            wait_timeout,
+        } => {
+            if *dry_run {
+                return print(&crds::dry_run_yaml(&crds::embedded()?));
+            }
+            let sources = Sources {
+                path: args.config.clone(),
+                overrides: vec![],
+            };
+            let opts = crds::Install {
+                kube: crds::kube_config(kubeconfig.clone(), &sources)?,
+                force_conflicts: *force_conflicts,
+                wait: *wait_timeout,
+            };
+            crds::install(&opts, &mut std::io::stdout(), &mut std::io::stderr()).await
+        }
+        KubeCommand::Rbac {
+            namespace,
+            rufio,
+            tink,
+            service_account,
+            sa_namespace,
+        } => {
+            let yaml = rbac::render(&rbac::Options {
+                roles: rbac::Roles {
+                    tink: *tink,
+                    rufio: *rufio,
+                },
+                namespace: namespace.clone(),
+                service_account: service_account.clone(),
+                sa_namespace: sa_namespace.clone(),
+            })?;
+            print(&yaml)
+        }
+    }
+}
+
+/// Write `text` to stdout; a reader that stopped early (`| head`) is no
+/// error.
+fn print(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
     }
 }

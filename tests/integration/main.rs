@@ -11,6 +11,7 @@ mod daemon;
 mod dhcp;
 mod hardware;
 mod kube;
+mod kube_cli;
 mod metadata;
 mod netns;
 mod tink;

@@ -7,12 +7,21 @@
 //! - `client`: a `kube::Client` from `[kube]` (kubeconfig, in-cluster, ...).
 //! - `mirror`: one watch per kind, a full list swapped in at each
 //!   `InitDone` (objects deleted while disconnected go), changes after it.
+//! - `convert`: cluster objects to store rows and back (Workflow status in
+//!   either CRD schema, Rufio's conditions), without a socket.
+//! - `writer`: the native roles' writes to the cluster (Hardware flips,
+//!   Jobs) and the outbox that copies status there.
 //! - [`Sync`]: whether the mirror is current, for `/healthz`, the metrics
 //!   and the event log.
+//! - `crds`: `tinkerbox kube install-crds`, upstream's CRDs server-side
+//!   applied; `rbac`: `tinkerbox kube rbac`, the ServiceAccount and
+//!   (Cluster)Role tinkerbox needs, from a typed table.
 
 pub mod client;
 pub mod convert;
+pub mod crds;
 pub mod mirror;
+pub mod rbac;
 pub mod writer;
 
 use crate::hardware::Key;
