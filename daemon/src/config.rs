@@ -55,6 +55,29 @@ pub struct KubeConfig {
     /// Who runs the cluster's BMC Machines, Jobs and Tasks: tinkerbox's
     /// BMC engine (native) or Rufio (external).
     pub rufio: Role,
+    /// The `coordination.k8s.io` Lease whose holder runs the engines (every
+    /// instance mirrors and serves); empty: "tinkerbox".
+    pub lease: String,
+    /// Its namespace; empty: `namespace`, or "default" when that is empty.
+    pub lease_namespace: String,
+}
+
+impl KubeConfig {
+    pub fn lease_name(&self) -> String {
+        if self.lease.is_empty() {
+            "tinkerbox".into()
+        } else {
+            self.lease.clone()
+        }
+    }
+
+    pub fn lease_namespace(&self) -> String {
+        [&self.lease_namespace, &self.namespace]
+            .into_iter()
+            .find(|n| !n.is_empty())
+            .cloned()
+            .unwrap_or_else(|| "default".into())
+    }
 }
 
 /// Who plays a Tinkerbell role in kube mode.
@@ -847,6 +870,8 @@ mod tests {
                 namespace: "tinkerbell".into(),
                 tink: Role::External,
                 rufio: Role::External,
+                lease: "tb-lease".into(),
+                lease_namespace: "tb-system".into(),
             },
         }
     }

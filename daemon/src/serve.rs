@@ -31,46 +31,84 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // In kube mode an external role is an upstream controller's: its
     // engine does not run here.
     let native = |r: crate::config::Role| !config.kube.enabled || r == crate::config::Role::Native;
-    let rufio = native(config.kube.rufio);
-    let bmc_task = rufio.then(|| tokio::spawn(bmc.clone().run()));
-    let engine_task = native(config.kube.tink).then(|| {
-        tokio::spawn(
-            crate::workflow::engine::Engine::new(app.store.clone(), app.services.clone()).run(),
-        )
-    });
-    let poll_task = (rufio && !config.bmc.poll_interval.is_zero())
-        .then(|| tokio::spawn(bmc.poll(config.bmc.poll_interval)));
+    let (tink, rufio) = (native(config.kube.tink), native(config.kube.rufio));
+    let client = match &app.kube {
+        Some(_) => Some(crate::kube::client::client(&config.kube).await?),
+        None => None,
+    };
+    let cluster = client
+        .as_ref()
+        .map(|c| Arc::new(crate::kube::writer::Cluster::new(c.clone())));
+    if let Some(c) = &cluster {
+        app.services.link.connect(c.clone());
+    }
+    // The writers: what one instance at a time runs (kube mode: the
+    // leader's), started again whenever this instance wins the Lease.
+    let writers = {
+        // The runner moves in: it holds an event sender, and the event
+        // writer ends only when the last one is gone.
+        let (app, poll) = (app.clone(), config.bmc.poll_interval);
+        move || {
+            let mut t = vec![];
+            if tink {
+                let engine =
+                    crate::workflow::engine::Engine::new(app.store.clone(), app.services.clone());
+                t.push(tokio::spawn(engine.run()));
+            }
+            if rufio {
+                t.push(tokio::spawn(bmc.clone().run()));
+                if !poll.is_zero() {
+                    t.push(tokio::spawn(bmc.clone().poll(poll)));
+                }
+            }
+            if let Some(c) = &cluster
+                && (tink || rufio)
+            {
+                let pusher = crate::kube::writer::Pusher {
+                    store: app.store.clone(),
+                    cluster: c.clone(),
+                    outbox: app.services.link.outbox.clone(),
+                };
+                t.push(tokio::spawn(pusher.run()));
+            }
+            t
+        }
+    };
     // Bind everything before READY, so a port clash fails the start.
     let running = listen(&app, token).await?;
     // Kubernetes mode: the store already serves the last mirror; the
     // watches bring it up to date when (and whenever) the cluster answers.
     let mut kube_tasks = vec![];
-    if let Some(sync) = &app.kube {
-        let client = crate::kube::client::client(&config.kube).await?;
-        let cluster = Arc::new(crate::kube::writer::Cluster::new(client.clone()));
-        app.services.link.connect(cluster.clone());
-        if native(config.kube.tink) || rufio {
-            let pusher = crate::kube::writer::Pusher {
-                store: app.store.clone(),
-                cluster,
-                outbox: app.services.link.outbox.clone(),
-            };
-            kube_tasks.push(tokio::spawn(pusher.run()));
-        }
-        kube_tasks.extend(
-            crate::kube::mirror::Mirror {
-                services: app.services.clone(),
-                sync: sync.clone(),
-                metrics: app.metrics.clone(),
-                events: app.events.clone(),
-                take_status: config.kube.tink == crate::config::Role::External,
-            }
-            .spawn(
+    let mut host_writers = vec![];
+    let stop_leading = Arc::new(tokio::sync::Notify::new());
+    let mut lead_task = None;
+    match (&app.kube, client) {
+        (Some(sync), Some(client)) => {
+            kube_tasks.extend(
+                crate::kube::mirror::Mirror {
+                    services: app.services.clone(),
+                    sync: sync.clone(),
+                    metrics: app.metrics.clone(),
+                    events: app.events.clone(),
+                    tink_external: !tink,
+                }
+                .spawn(
+                    client.clone(),
+                    &config.kube.namespace,
+                    &crate::kube::mirror::kinds(&config.kube),
+                ),
+            );
+            lead_task = Some(tokio::spawn(crate::kube::lead::run(
                 client,
-                &config.kube.namespace,
-                &crate::kube::mirror::kinds(&config.kube),
-            ),
-        );
+                config.kube.lease_namespace(),
+                config.kube.lease_name(),
+                sync.clone(),
+                app.events.clone(),
+                stop_leading.clone(),
+                writers,
+            )));
+        }
+        _ => host_writers = writers(),
     }
     let scheme = if config.api.tls_cert.is_some() {
         "https"
@@ -101,14 +139,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(w) = watchdog {
         w.abort();
     }
-    for t in bmc_task.iter().chain(&engine_task) {
+    for t in &host_writers {
         t.abort();
+    }
+    if let Some(t) = lead_task {
+        // Stops the engines and releases the Lease for a follower.
+        stop_leading.notify_one();
+        let abort = t.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(6), t)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
     }
     for t in &kube_tasks {
         t.abort();
-    }
-    if let Some(p) = poll_task {
-        p.abort();
     }
     let (store, event_log) = (app.store.clone(), app.event_log.clone());
     stop(running, app, writer).await;

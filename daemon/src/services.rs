@@ -381,12 +381,15 @@ impl BmcService {
     }
 
     /// The Kubernetes mirror's write of Machines, Jobs, Tasks and Secrets.
+    /// `take_status`: a Job's or Task's outcome is the cluster's (this
+    /// instance does not run them now).
     pub async fn mirror(
         &self,
         kind: crate::kinds::Kind,
         change: Mirrored,
+        take_status: bool,
     ) -> Result<(), StoreError> {
-        mirror_objects(&self.store, &self.events, kind, change, false).await?;
+        mirror_objects(&self.store, &self.events, kind, change, take_status).await?;
         self.wake.notify_one();
         Ok(())
     }

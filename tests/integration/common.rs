@@ -244,7 +244,7 @@ impl Daemon {
             if Instant::now() > deadline {
                 let _ = c.kill();
                 let _ = c.wait();
-                panic!("daemon ignored SIGTERM for 15s");
+                panic!("daemon ignored SIGTERM for 15s; its log:\n{}", self.log());
             }
             std::thread::sleep(Duration::from_millis(20));
         }

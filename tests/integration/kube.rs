@@ -534,3 +534,84 @@ spec:
     assert_eq!(a["state"], "SUCCESS", "{w:#}");
     assert!(a["executionStart"].is_string(), "{w:#}");
 }
+
+fn healthz(d: &Daemon) -> String {
+    String::from_utf8_lossy(&d.curl(&["-s", &d.url("/healthz")]).stdout).into_owned()
+}
+
+/// Two instances against one cluster: both mirror and serve, one leads
+/// (the Lease), the other takes the status its leader writes; when the
+/// leader stops, the other takes over from where it was, and an action
+/// already run is not served again.
+#[test]
+fn two_instances_one_leader_and_failover_without_running_anything_twice() {
+    let cluster = Cluster::start();
+    let docs = format!(
+        r#"{hw}---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Template
+metadata: {{name: t2, namespace: default}}
+spec:
+  data: |
+    name: t2
+    tasks:
+    - {{name: a, worker: "{{{{.device_1}}}}", actions: [{{name: x, image: bash}}, {{name: y, image: bash}}]}}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Workflow
+metadata: {{name: wf2, namespace: default}}
+spec:
+  templateRef: t2
+  hardwareRef: m1
+  hardwareMap: {{device_1: "{M1}"}}
+"#,
+        hw = hw_doc("m1", M1, "10.10.0.1")
+    );
+    let mut a = kube_daemon(&cluster);
+    until(15, "a leads", &a, || healthz(&a).contains("kube: leader"));
+    let b = kube_daemon(&cluster);
+    until(10, "b's mirror", &b, || {
+        healthz(&b).contains("kube: current")
+    });
+    assert!(healthz(&b).contains("kube: follower"), "{}", healthz(&b));
+    let lease = cluster_get(&cluster, "lease", "tinkerbox");
+    let holder = lease["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(!holder.is_empty(), "{lease:#}");
+
+    // The leader renders and runs; the follower shows the leader's status.
+    cluster.kubectl(&["create", "-f", "-"], Some(&docs));
+    let state = || {
+        cluster_get(&cluster, "workflow", "wf2")["status"]["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    until(15, "PENDING in the cluster", &a, || state() == "PENDING");
+    // The worker runs x on the leader, then dies while running y.
+    let first = crate::tink::peer(&a, &["agent", M1, "--hang", "y"]);
+    let served = |lines: &[Value]| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| l["event"] == "served")
+            .map(|l| l["action"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    assert_eq!(served(&first), ["x", "y"], "{first:#?}");
+    until(10, "y RUNNING in the follower's copy", &b, || {
+        let (_, w) = b.api("GET", "/api/v1/workflows/wf2?namespace=default", None);
+        w["status"]["tasks"][0]["actions"][1]["state"] == "RUNNING"
+    });
+
+    // The leader stops: it releases the Lease and the follower leads.
+    a.stop();
+    until(15, "b leads", &b, || healthz(&b).contains("kube: leader"));
+    let lease = cluster_get(&cluster, "lease", "tinkerbox");
+    assert_ne!(lease["spec"]["holderIdentity"], holder, "{lease:#}");
+    // The worker comes back to the new leader: y again, never x.
+    let second = crate::tink::peer(&b, &["agent", M1]);
+    assert_eq!(served(&second), ["y"], "{second:#?}");
+    until(15, "SUCCESS in the cluster", &b, || state() == "SUCCESS");
+}

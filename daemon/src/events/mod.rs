@@ -49,6 +49,10 @@ pub enum Kind {
     /// The API server cannot be read: serving from the last mirror.
     #[serde(rename = "kube.disconnected")]
     KubeDisconnected,
+    /// This instance took or lost the leader Lease (its engines started
+    /// or stopped).
+    #[serde(rename = "kube.leader")]
+    KubeLeader,
     #[serde(rename = "dhcp.offer")]
     DhcpOffer,
     #[serde(rename = "dhcp.ack")]
@@ -117,6 +121,7 @@ impl Kind {
             Kind::KubeInvalid => "kube.invalid",
             Kind::KubeSynced => "kube.synced",
             Kind::KubeDisconnected => "kube.disconnected",
+            Kind::KubeLeader => "kube.leader",
             Kind::DhcpOffer => "dhcp.offer",
             Kind::DhcpAck => "dhcp.ack",
             Kind::DhcpNak => "dhcp.nak",

@@ -83,7 +83,12 @@ async fn healthz(State(app): State<Arc<App>>) -> impl IntoResponse {
         Ok(Ok(())) => {
             let kube = app.kube.as_ref().map(|s| {
                 let r = s.report();
-                match (r.current, r.age_seconds) {
+                let role = if s.leading.get() {
+                    "leader: the engines run here"
+                } else {
+                    "follower: serving only"
+                };
+                let mirror = match (r.current, r.age_seconds) {
                     (true, _) => "kube: current\n".to_string(),
                     (false, Some(age)) => format!(
                         "kube: stale for {age:.0}s, serving the last mirror ({})\n",
@@ -93,7 +98,8 @@ async fn healthz(State(app): State<Arc<App>>) -> impl IntoResponse {
                         "kube: not yet listed ({}), serving the stored mirror\n",
                         r.error.as_deref().unwrap_or("connecting")
                     ),
-                }
+                };
+                format!("{mirror}kube: {role}\n")
             });
             (StatusCode::OK, format!("ok\n{}", kube.unwrap_or_default()))
         }

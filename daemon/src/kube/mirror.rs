@@ -79,8 +79,8 @@ pub struct Mirror {
     pub sync: Arc<Sync>,
     pub metrics: Arc<Metrics>,
     pub events: EventSink,
-    /// The cluster's Workflow status is the truth (tink is external).
-    pub take_status: bool,
+    /// tink-controller runs the Workflows: their status is the cluster's.
+    pub tink_external: bool,
 }
 
 impl Mirror {
@@ -195,13 +195,19 @@ impl Mirror {
 
     async fn apply(&self, kind: Kind, change: Mirrored) -> Result<(), crate::store::StoreError> {
         let s = &self.services;
+        // The cluster's status is the truth unless this instance writes
+        // it: a follower takes what its leader (or an upstream controller)
+        // wrote, so that it goes on from there when it leads.
+        let follower = !self.sync.leading.get();
         match kind {
             Kind::Hardware => s.hardware.mirror(change).await,
             Kind::Template | Kind::Workflow => {
-                s.workflow.mirror(kind, change, self.take_status).await
+                s.workflow
+                    .mirror(kind, change, self.tink_external || follower)
+                    .await
             }
             Kind::Machine | Kind::Job | Kind::Task | Kind::Secret => {
-                s.bmc.mirror(kind, change).await
+                s.bmc.mirror(kind, change, follower).await
             }
         }
     }

@@ -20,6 +20,7 @@
 pub mod client;
 pub mod convert;
 pub mod crds;
+pub mod lead;
 pub mod mirror;
 pub mod rbac;
 pub mod writer;
@@ -61,6 +62,8 @@ pub fn clean(mut doc: Value) -> Value {
 /// its watch has not failed since.
 pub struct Sync {
     state: Mutex<SyncState>,
+    /// Whether this instance holds the leader Lease.
+    pub leading: lead::Leading,
 }
 
 struct SyncState {
@@ -96,6 +99,7 @@ impl Sync {
                 last_current: None,
                 error: None,
             }),
+            leading: lead::Leading::default(),
         }
     }
 

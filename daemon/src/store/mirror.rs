@@ -147,7 +147,7 @@ impl Store {
                         connection: None,
                         tasks: &spec.tasks,
                     };
-                    mirror_job(&mut tx, &job, item.job_state.as_ref()).await?
+                    mirror_job(&mut tx, &job, item.job_state.as_ref(), take_status).await?
                 }
                 Checked::Bmc(Doc::Task {
                     key,
@@ -163,7 +163,7 @@ impl Store {
                         connection: Some(connection),
                         tasks: std::slice::from_ref(action),
                     };
-                    mirror_job(&mut tx, &job, item.job_state.as_ref()).await?
+                    mirror_job(&mut tx, &job, item.job_state.as_ref(), take_status).await?
                 }
                 Checked::Hardware(_) => {
                     return Err(StoreError::Io(std::io::Error::other(
@@ -210,22 +210,28 @@ impl Outcome {
 
 /// A Job or Task from the cluster: stored once (the cluster may change
 /// its labels or status, never its tasks: those changes are not a new
-/// job), with the outcome the cluster already records, if any.
+/// job), with the outcome the cluster already records, if any; for one
+/// already stored, that outcome is taken only with `take_status` (another
+/// instance runs the jobs).
 async fn mirror_job(
     tx: &mut sqlx::SqliteConnection,
     job: &NewJob<'_>,
     state: Option<&(JobState, Option<String>)>,
+    take_status: bool,
 ) -> Result<Outcome, StoreError> {
-    let exists: Option<i64> =
-        sqlx::query_scalar("SELECT id FROM bmc_jobs WHERE namespace = ? AND name = ?")
+    let stored: Option<JobState> =
+        sqlx::query_scalar("SELECT state FROM bmc_jobs WHERE namespace = ? AND name = ?")
             .bind(&job.key.namespace)
             .bind(&job.key.name)
             .fetch_optional(&mut *tx)
             .await?;
-    if exists.is_some() {
-        return Ok(Outcome::Unchanged);
-    }
-    let o = insert_job(tx, job).await?;
+    let o = match stored {
+        Some(s) if !take_status || state.is_none_or(|(c, _)| *c == s) => {
+            return Ok(Outcome::Unchanged);
+        }
+        Some(_) => Outcome::Configured,
+        None => insert_job(tx, job).await?,
+    };
     if let Some((s, message)) = state {
         sqlx::query(
             "UPDATE bmc_jobs SET state = ?, message = ?, completed_ms = ? WHERE namespace = ? AND name = ?",
