@@ -68,6 +68,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     store: app.store.clone(),
                     cluster: c.clone(),
                     outbox: app.services.link.outbox.clone(),
+                    workflows: tink,
+                    bmc: rufio,
                 };
                 t.push(tokio::spawn(pusher.run()));
             }
@@ -91,6 +93,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     metrics: app.metrics.clone(),
                     events: app.events.clone(),
                     tink_external: !tink,
+                    rufio_external: !rufio,
                 }
                 .spawn(
                     client.clone(),

@@ -227,7 +227,7 @@ impl HardwareService {
         let (docs, replace) = match change {
             Mirrored::All(docs) => (docs, true),
             Mirrored::One(doc) => (vec![doc], false),
-            Mirrored::Gone(key) => {
+            Mirrored::Gone(key, _) => {
                 self.delete_locked(&key, " (mirrored)").await?;
                 return Ok(());
             }
@@ -297,8 +297,9 @@ pub enum Mirrored {
     All(Vec<Value>),
     /// One object created or changed.
     One(Value),
-    /// One object deleted.
-    Gone(Key),
+    /// One object deleted; with its uid, only that object (not one made
+    /// again under its name since).
+    Gone(Key, Option<String>),
 }
 
 /// The Kubernetes mirror's write of a kind other than Hardware: each
@@ -314,8 +315,8 @@ async fn mirror_objects(
     let (docs, replace) = match change {
         Mirrored::All(docs) => (docs, true),
         Mirrored::One(doc) => (vec![doc], false),
-        Mirrored::Gone(key) => {
-            store.mirror_delete(kind, &key).await?;
+        Mirrored::Gone(key, uid) => {
+            store.mirror_delete(kind, &key, uid.as_deref()).await?;
             return Ok(());
         }
     };
@@ -446,7 +447,14 @@ impl BmcService {
                 }
                 cluster.delete(K::Job, key).await?;
             }
-            cluster.create(K::Job, key, &doc).await?;
+            // Stored at once, not when the watch brings it: the engine's
+            // next pass must see this Job, not none (it would make another)
+            // nor an older one of the name (told apart by uid).
+            if let Some(made) = cluster.create(K::Job, key, &doc).await? {
+                let change = Mirrored::One(crate::kube::clean(made));
+                mirror_objects(&self.store, &self.events, K::Job, change, false).await?;
+                self.wake.notify_one();
+            }
             return Ok(());
         }
         let job = NewJob {

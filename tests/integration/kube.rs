@@ -342,6 +342,17 @@ fn templates_workflows_and_bmc_objects_are_mirrored_with_their_status() {
     std::thread::sleep(Duration::from_millis(500));
     let (_, j) = get("/api/v1/bmc/jobs/j1?namespace=default");
     assert_eq!(j["state"], "pending", "{j}");
+    // Rufio (external) finishes it: tinkerbox shows the outcome.
+    cluster.kubectl(
+        &[
+            "patch", "jobs.bmc.tinkerbell.org", "j1", "--subresource", "status", "--type", "merge",
+            "-p", r#"{"status":{"conditions":[{"type":"Running","status":"True"},{"type":"Completed","status":"True"}]}}"#,
+        ],
+        None,
+    );
+    until(5, "Rufio's outcome", &d, || {
+        get("/api/v1/bmc/jobs/j1?namespace=default").1["state"] == "completed"
+    });
 
     // tink-controller (external) writes the status: tinkerbox shows it.
     let status = r#"{"status":{"state":"RUNNING","agentID":"52:54:00:6b:00:01","templateRendering":"successful",

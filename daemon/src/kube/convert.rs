@@ -3,7 +3,6 @@
 //! tink v0.12's `STATE_*`, which clusters not yet migrated still have),
 //! and Rufio's Job/Task/Machine status.
 
-use crate::bmc::PowerState;
 use crate::hardware::FieldError;
 use crate::kinds::{self, Kind};
 use crate::store::bmc::{BmcMachineRow, JobRow, State as JobState};
@@ -56,6 +55,15 @@ pub fn item(kind: Kind, doc: Value) -> Result<MirrorItem, FieldError> {
     Ok(item)
 }
 
+/// Whether a Workflow status is in tink v0.12's schema.
+pub fn is_v012(v: &Value) -> bool {
+    v.get("templateRending").is_some()
+        || v.get("state")
+            .and_then(Value::as_str)
+            .is_some_and(|s| s.starts_with("STATE_"))
+        || v.pointer("/tasks/0/worker").is_some()
+}
+
 /// A Workflow's status in tinkerbox's (the current) schema, from either.
 /// `None`: no status yet, or one that is neither schema (the engine then
 /// starts the Workflow as new).
@@ -64,12 +72,7 @@ pub fn status_from_cluster(v: &Value) -> Option<Status> {
     if o.is_empty() {
         return None;
     }
-    let v012 = o.contains_key("templateRending")
-        || o.get("state")
-            .and_then(Value::as_str)
-            .is_some_and(|s| s.starts_with("STATE_"))
-        || v.pointer("/tasks/0/worker").is_some();
-    if !v012 {
+    if !is_v012(v) {
         return serde_json::from_value(v.clone()).ok();
     }
     let state = |v: Option<&Value>| -> State {
@@ -120,11 +123,8 @@ pub fn status_from_cluster(v: &Value) -> Option<Status> {
                                         .as_deref()
                                         .and_then(|s| humantime::parse_rfc3339(s).ok())
                                         .zip(secs)
-                                        .map(|(t, s)| {
-                                            humantime::format_rfc3339_seconds(
-                                                t + Duration::from_secs(s),
-                                            )
-                                            .to_string()
+                                        .and_then(|(t, s)| {
+                                            rfc3339(t.checked_add(Duration::from_secs(s))?)
                                         });
                                     Action {
                                         id: format!("task-{i}-action-{j}"),
@@ -318,9 +318,16 @@ pub fn job_running(status: &Value) -> bool {
     is("Running") && !is("Completed") && !is("Failed")
 }
 
+/// RFC 3339 to the second; None past year 9999, where humantime's
+/// formatter fails (a time from the wire may be anything).
+fn rfc3339(t: std::time::SystemTime) -> Option<String> {
+    const YEAR_10000: Duration = Duration::from_secs(253_402_300_800);
+    (t.duration_since(UNIX_EPOCH).ok()? < YEAR_10000)
+        .then(|| humantime::format_rfc3339_seconds(t).to_string())
+}
+
 fn time(ms: i64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
-        .to_string()
+    rfc3339(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)).unwrap_or_default()
 }
 
 /// Rufio's status of a Job or Task: Running, then Completed or Failed,
@@ -341,7 +348,8 @@ pub fn job_status(j: &JobRow) -> Value {
     if let Some(t) = j.started_ms {
         s["startTime"] = json!(time(t));
     }
-    if let Some(t) = j.completed_ms {
+    // Rufio's completionTime: "when the job completed successfully".
+    if let (Some(t), JobState::Completed) = (j.completed_ms, j.state) {
         s["completionTime"] = json!(time(t));
     }
     s
@@ -354,34 +362,6 @@ pub fn machine_status(m: &BmcMachineRow) -> Value {
         s["conditions"] = json!([c]);
     }
     s
-}
-
-/// Rufio's status of the Task a Job's step `n` is recorded as
-/// (`<job>-task-<n>`), from the job's row.
-pub fn task_status(j: &JobRow, n: usize) -> Option<Value> {
-    let t = j.task_states.get(n)?;
-    let mut conditions = vec![];
-    if t.state != JobState::Pending {
-        conditions.push(json!({"type": "Running", "status": "True"}));
-    }
-    match t.state {
-        JobState::Completed => conditions.push(json!({"type": "Completed", "status": "True"})),
-        JobState::Failed => conditions.push(
-            json!({"type": "Failed", "status": "True", "message": t.message.clone().unwrap_or_default()}),
-        ),
-        _ => {}
-    }
-    Some(json!({"conditions": conditions}))
-}
-
-/// The power state Rufio's status names.
-pub fn power_of(status: &Value) -> PowerState {
-    PowerState::from_str_lossy(
-        status
-            .get("powerState")
-            .and_then(Value::as_str)
-            .unwrap_or(""),
-    )
 }
 
 /// A JSON merge patch (RFC 7386) that turns `old` into `new`: changed keys
@@ -521,12 +501,23 @@ mod tests {
         assert_eq!(s["conditions"][1]["message"], "bmc unreachable");
         assert_eq!(s["startTime"], "2026-11-18T11:06:40Z");
         assert_eq!(job_state(&s).unwrap().0, JobState::Failed);
-        assert_eq!(
-            task_status(&j, 0).unwrap()["conditions"][1]["type"],
-            "Failed"
-        );
-        assert_eq!(task_status(&j, 1).unwrap(), json!({"conditions": []}));
-        assert!(task_status(&j, 2).is_none());
+        assert!(s.get("completionTime").is_none(), "success only: {s}");
+        j.state = JobState::Completed;
+        assert_eq!(job_status(&j)["completionTime"], "2026-11-18T11:06:50Z");
+    }
+
+    /// Times from the wire that would overflow or pass year 9999 are
+    /// dropped, not a panic of the watch.
+    #[test]
+    fn absurd_times_are_dropped() {
+        let s = status_from_cluster(
+            &json!({"state": "STATE_RUNNING", "tasks": [{"name": "t", "worker": "w",
+            "actions": [{"name": "a", "image": "i", "status": "STATE_SUCCESS",
+                "startedAt": "9999-12-31T23:59:59Z", "seconds": 1_000_000_000_000u64}]}]}),
+        )
+        .unwrap();
+        assert_eq!(s.tasks[0].actions[0].execution_stop, None);
+        assert_eq!(time(i64::MAX), "");
     }
 
     #[test]

@@ -81,6 +81,8 @@ pub struct Mirror {
     pub events: EventSink,
     /// tink-controller runs the Workflows: their status is the cluster's.
     pub tink_external: bool,
+    /// Rufio runs the BMC Jobs and Tasks: their outcome is the cluster's.
+    pub rufio_external: bool,
 }
 
 impl Mirror {
@@ -152,12 +154,16 @@ impl Mirror {
                     if wanted(kind, &doc) {
                         ("apply", Mirrored::One(doc))
                     } else {
-                        ("apply", Mirrored::Gone(super::doc_key(&doc)))
+                        ("apply", Mirrored::Gone(super::doc_key(&doc), None))
                     }
                 }
                 Ok(watcher::Event::Delete(o)) => {
-                    let key = super::doc_key(&document(o, &ar));
-                    ("delete", Mirrored::Gone(key))
+                    let doc = document(o, &ar);
+                    let uid = doc
+                        .pointer("/metadata/uid")
+                        .and_then(Value::as_str)
+                        .map(String::from);
+                    ("delete", Mirrored::Gone(super::doc_key(&doc), uid))
                 }
                 Err(e) => {
                     self.count(kind, "error");
@@ -207,7 +213,9 @@ impl Mirror {
                     .await
             }
             Kind::Machine | Kind::Job | Kind::Task | Kind::Secret => {
-                s.bmc.mirror(kind, change, follower).await
+                s.bmc
+                    .mirror(kind, change, self.rufio_external || follower)
+                    .await
             }
         }
     }

@@ -26,6 +26,19 @@ use tokio::sync::Notify;
 /// Read-modify-writes lost to another writer are retried this often.
 const ATTEMPTS: usize = 5;
 
+/// Every call to the API server is answered within this or fails (the
+/// client bounds connecting and sending, not waiting for the answer).
+const CALL_TIMEOUT: Duration = Duration::from_secs(20);
+
+async fn bounded<T>(
+    f: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, WriteError> {
+    match tokio::time::timeout(CALL_TIMEOUT, f).await {
+        Ok(r) => r.map_err(WriteError::Kube),
+        Err(_) => Err(WriteError::Timeout),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     #[error("the Kubernetes API: {0}")]
@@ -36,16 +49,28 @@ pub enum WriteError {
     Conflict { kind: &'static str, key: Key },
     #[error("{kind} {key} not found in the cluster")]
     NotFound { kind: &'static str, key: Key },
+    #[error("the Kubernetes API did not answer within {CALL_TIMEOUT:?}")]
+    Timeout,
+}
+
+impl WriteError {
+    /// Will not succeed by trying again (refused by RBAC, by the schema...):
+    /// not retried forever.
+    fn permanent(&self) -> bool {
+        matches!(self, WriteError::Invalid(_))
+            || matches!(self, WriteError::Kube(kube::Error::Api(s))
+                if (400..500).contains(&s.code) && s.code != 409 && s.code != 429)
+    }
+
+    fn is(&self, code: u16) -> bool {
+        matches!(self, WriteError::Kube(kube::Error::Api(s)) if s.code == code)
+    }
 }
 
 /// The cluster, for writes.
 pub struct Cluster {
     client: kube::Client,
     schema: Mutex<Option<WorkflowSchema>>,
-}
-
-fn is_api(e: &kube::Error, code: u16) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
 impl Cluster {
@@ -61,10 +86,10 @@ impl Cluster {
     }
 
     async fn get(&self, kind: Kind, key: &Key) -> Result<Option<Value>, WriteError> {
-        match self.api(kind, &key.namespace).get(&key.name).await {
+        match bounded(self.api(kind, &key.namespace).get(&key.name)).await {
             Ok(o) => Ok(Some(serde_json::to_value(o).unwrap_or(Value::Null))),
-            Err(e) if is_api(&e, 404) => Ok(None),
-            Err(e) => Err(e.into()),
+            Err(e) if e.is(404) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -93,13 +118,12 @@ impl Cluster {
             };
             patch["metadata"]["resourceVersion"] = rv.unwrap_or(Value::Null);
             let api = self.api(kind, &key.namespace);
-            match api
-                .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+            match bounded(api.patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch)))
                 .await
             {
                 Ok(o) => return Ok(serde_json::to_value(o).unwrap_or(Value::Null)),
-                Err(e) if is_api(&e, 409) => continue,
-                Err(e) => return Err(e.into()),
+                Err(e) if e.is(409) => continue,
+                Err(e) => return Err(e),
             }
         }
         Err(WriteError::Conflict {
@@ -134,14 +158,17 @@ impl Cluster {
                 "status": diff,
             });
             let api = self.api(kind, &key.namespace);
-            match api
-                .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
+            match bounded(api.patch_status(
+                &key.name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            ))
+            .await
             {
                 Ok(_) => return Ok(true),
-                Err(e) if is_api(&e, 409) => continue,
-                Err(e) if is_api(&e, 404) => return Ok(false),
-                Err(e) => return Err(e.into()),
+                Err(e) if e.is(409) => continue,
+                Err(e) if e.is(404) => return Ok(false),
+                Err(e) => return Err(e),
             }
         }
         Err(WriteError::Conflict {
@@ -150,18 +177,24 @@ impl Cluster {
         })
     }
 
-    /// Create `doc`; false when one of its name exists.
-    pub async fn create(&self, kind: Kind, key: &Key, doc: &Value) -> Result<bool, WriteError> {
+    /// Create `doc`: the object as made, or None when one of its name exists.
+    pub async fn create(
+        &self,
+        kind: Kind,
+        key: &Key,
+        doc: &Value,
+    ) -> Result<Option<Value>, WriteError> {
         let obj: DynamicObject = serde_json::from_value(doc.clone())
             .map_err(|e| FieldError::new("", format!("not an object: {e}")))?;
-        match self
-            .api(kind, &key.namespace)
-            .create(&PostParams::default(), &obj)
-            .await
+        match bounded(
+            self.api(kind, &key.namespace)
+                .create(&PostParams::default(), &obj),
+        )
+        .await
         {
-            Ok(_) => Ok(true),
-            Err(e) if is_api(&e, 409) => Ok(false),
-            Err(e) => Err(e.into()),
+            Ok(o) => Ok(Some(serde_json::to_value(o).unwrap_or(Value::Null))),
+            Err(e) if e.is(409) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -172,19 +205,21 @@ impl Cluster {
 
     /// True when it existed.
     pub async fn delete(&self, kind: Kind, key: &Key) -> Result<bool, WriteError> {
-        match self
-            .api(kind, &key.namespace)
-            .delete(&key.name, &DeleteParams::default())
-            .await
+        match bounded(
+            self.api(kind, &key.namespace)
+                .delete(&key.name, &DeleteParams::default()),
+        )
+        .await
         {
             Ok(_) => Ok(true),
-            Err(e) if is_api(&e, 404) => Ok(false),
-            Err(e) => Err(e.into()),
+            Err(e) if e.is(404) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
-    /// The installed Workflow CRD's schema, read once (Current when it
-    /// cannot be read: no RBAC for CRDs, or a server without them).
+    /// The installed Workflow CRD's schema, read until it could be read
+    /// once (Current meanwhile: no RBAC for CRDs, or a server without
+    /// them); forgotten after a status patch the schema refused.
     async fn workflow_schema(&self) -> WorkflowSchema {
         if let Some(s) = *self.schema.lock().unwrap_or_else(|p| p.into_inner()) {
             return s;
@@ -301,6 +336,10 @@ pub struct Pusher {
     pub store: Store,
     pub cluster: std::sync::Arc<Cluster>,
     pub outbox: std::sync::Arc<Outbox>,
+    /// Workflow status is tinkerbox's to write (tink native).
+    pub workflows: bool,
+    /// Job, Task and Machine status is tinkerbox's to write (rufio native).
+    pub bmc: bool,
 }
 
 impl Pusher {
@@ -321,9 +360,16 @@ impl Pusher {
             }
             let mut failed = vec![];
             for d in batch {
-                if let Err(e) = self.push(&d).await {
-                    tracing::warn!(object = ?d, error = %e, "kube: status not written to the cluster; retrying");
-                    failed.push(d);
+                match self.push(&d).await {
+                    Ok(()) => {}
+                    Err(e) if e.permanent() => {
+                        // Retrying cannot help; the next change tries again.
+                        tracing::error!(object = ?d, error = %e, "kube: the cluster refused a status write");
+                    }
+                    Err(e) => {
+                        tracing::warn!(object = ?d, error = %e, "kube: status not written to the cluster; retrying");
+                        failed.push(d);
+                    }
                 }
             }
             if failed.is_empty() {
@@ -337,28 +383,33 @@ impl Pusher {
     }
 
     async fn everything(&self) -> Result<Vec<Dirty>, crate::store::StoreError> {
-        let mut all: Vec<Dirty> = self
-            .store
-            .workflows(None, &[])
-            .await?
-            .into_iter()
-            .filter(|w| w.status != Default::default())
-            .map(|w| Dirty::Workflow(w.key))
-            .collect();
-        all.extend(
-            self.store
-                .jobs(None)
-                .await?
-                .into_iter()
-                .map(|j| Dirty::Job(j.key())),
-        );
-        all.extend(
-            self.store
-                .bmc_machines(None)
-                .await?
-                .into_iter()
-                .map(|m| Dirty::Machine(m.key)),
-        );
+        let mut all: Vec<Dirty> = vec![];
+        if self.workflows {
+            all.extend(
+                self.store
+                    .workflows(None, &[])
+                    .await?
+                    .into_iter()
+                    .filter(|w| w.status != Default::default())
+                    .map(|w| Dirty::Workflow(w.key)),
+            );
+        }
+        if self.bmc {
+            all.extend(
+                self.store
+                    .jobs(None)
+                    .await?
+                    .into_iter()
+                    .map(|j| Dirty::Job(j.key())),
+            );
+            all.extend(
+                self.store
+                    .bmc_machines(None)
+                    .await?
+                    .into_iter()
+                    .map(|m| Dirty::Machine(m.key)),
+            );
+        }
         Ok(all)
     }
 
@@ -367,6 +418,8 @@ impl Pusher {
             WriteError::Invalid(FieldError::new("", format!("store: {e}")))
         };
         match d {
+            Dirty::Workflow(_) if !self.workflows => {}
+            Dirty::Job(_) | Dirty::Machine(_) if !self.bmc => {}
             Dirty::Workflow(key) => {
                 let Some(row) = self.store.workflow(key).await.map_err(store_err)? else {
                     return Ok(());
@@ -374,11 +427,27 @@ impl Pusher {
                 if crate::kinds::disabled(&row.doc).is_some() {
                     return Ok(());
                 }
-                let schema = self.cluster.workflow_schema().await;
+                // The object's own status says which schema it is in; a
+                // Workflow without one gets the installed CRD's.
+                let theirs = self.cluster.read(Kind::Workflow, key).await?;
+                let schema = match theirs.as_ref().and_then(|o| o.get("status")) {
+                    Some(s) if convert::is_v012(s) => WorkflowSchema::V012,
+                    Some(s) if s.get("state").is_some() => WorkflowSchema::Current,
+                    _ => self.cluster.workflow_schema().await,
+                };
                 let status = convert::status_to_cluster(&row.status, schema);
-                self.cluster
+                let r = self
+                    .cluster
                     .patch_status(Kind::Workflow, key, &status, |a, b| a == b)
-                    .await?;
+                    .await;
+                if r.as_ref().is_err_and(|e| e.is(422)) {
+                    *self
+                        .cluster
+                        .schema
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = None;
+                }
+                r?;
             }
             Dirty::Job(key) => {
                 let Some(row) = self.store.job(key).await.map_err(store_err)? else {

@@ -77,6 +77,48 @@ fn keys_sql(kind: Kind) -> Option<(&'static str, &'static str)> {
     })
 }
 
+/// For kinds stored with their document: the stored object's uid, and a
+/// delete of the row only when it is that object (or has no uid).
+fn uid_sql(kind: Kind) -> Option<(&'static str, &'static str)> {
+    macro_rules! uid {
+        ($table:literal) => {
+            (
+                concat!("SELECT json_extract(doc, '$.metadata.uid') FROM ", $table, " WHERE namespace = ? AND name = ?"),
+                concat!("DELETE FROM ", $table, " WHERE namespace = ? AND name = ? AND coalesce(json_extract(doc, '$.metadata.uid'), ?3) = ?3"),
+            )
+        };
+    }
+    Some(match kind {
+        Kind::Template => uid!("templates"),
+        Kind::Workflow => uid!("workflows"),
+        Kind::Machine => uid!("bmc_machines"),
+        Kind::Job | Kind::Task => uid!("bmc_jobs"),
+        Kind::Hardware | Kind::Secret => return None,
+    })
+}
+
+/// The uid the stored `kind` object `key` has, if any.
+async fn stored_uid(
+    tx: &mut sqlx::SqliteConnection,
+    kind: Kind,
+    key: &Key,
+) -> Result<Option<String>, StoreError> {
+    let Some((select, _)) = uid_sql(kind) else {
+        return Ok(None);
+    };
+    let uid: Option<Option<String>> = sqlx::query_scalar(select)
+        .bind(&key.namespace)
+        .bind(&key.name)
+        .fetch_optional(&mut *tx)
+        .await?;
+    Ok(uid.flatten())
+}
+
+fn uid_of(doc: &serde_json::Value) -> Option<&str> {
+    doc.pointer("/metadata/uid")
+        .and_then(serde_json::Value::as_str)
+}
+
 impl Store {
     /// Mirror objects of one `kind` (not Hardware). `replace`: `items` is
     /// the whole set, every other object of the kind is deleted, except
@@ -122,10 +164,19 @@ impl Store {
                     upsert_document(&mut tx, DocTable::Templates, &t.key, &t.doc).await?
                 }
                 Checked::Workflow(w) => {
+                    // Deleted and made again under its name while unwatched:
+                    // a new Workflow, whose status is not the old one's.
+                    let old = stored_uid(&mut tx, Kind::Workflow, &w.key).await?;
+                    let new_object = old.is_some() && old.as_deref() != uid_of(&w.doc);
                     let o = upsert_document(&mut tx, DocTable::Workflows, &w.key, &w.doc).await?;
-                    let take = take_status || o == Outcome::Created;
-                    match &item.status {
-                        Some(s) if take && import_status(&mut tx, &w.key, s).await? => {
+                    let take = take_status || new_object || o == Outcome::Created;
+                    let status = match &item.status {
+                        Some(s) => Some(s.clone()),
+                        None if new_object => Some(Status::default()),
+                        None => None,
+                    };
+                    match status {
+                        Some(s) if take && import_status(&mut tx, &w.key, &s).await? => {
                             Outcome::Configured.max_with(o)
                         }
                         _ => o,
@@ -180,16 +231,35 @@ impl Store {
         Ok((outcomes, deleted))
     }
 
-    /// One object of `kind` deleted in the cluster.
-    pub async fn mirror_delete(&self, kind: Kind, key: &Key) -> Result<bool, StoreError> {
+    /// One object of `kind` deleted in the cluster; with `uid`, only if the
+    /// stored one is that object (a Job deleted and made again under its
+    /// name, whose delete arrives after the new one was stored, stays).
+    pub async fn mirror_delete(
+        &self,
+        kind: Kind,
+        key: &Key,
+        uid: Option<&str>,
+    ) -> Result<bool, StoreError> {
         let Some((_, delete)) = keys_sql(kind) else {
             return Ok(false);
         };
-        let r = sqlx::query(delete)
-            .bind(&key.namespace)
-            .bind(&key.name)
-            .execute(self.pool())
-            .await?;
+        let r = match (uid, uid_sql(kind)) {
+            (Some(uid), Some((_, delete_uid))) => {
+                sqlx::query(delete_uid)
+                    .bind(&key.namespace)
+                    .bind(&key.name)
+                    .bind(uid)
+                    .execute(self.pool())
+                    .await?
+            }
+            _ => {
+                sqlx::query(delete)
+                    .bind(&key.namespace)
+                    .bind(&key.name)
+                    .execute(self.pool())
+                    .await?
+            }
+        };
         if kind == Kind::Workflow {
             self.bump_workflows();
         }
@@ -219,12 +289,25 @@ async fn mirror_job(
     state: Option<&(JobState, Option<String>)>,
     take_status: bool,
 ) -> Result<Outcome, StoreError> {
-    let stored: Option<JobState> =
-        sqlx::query_scalar("SELECT state FROM bmc_jobs WHERE namespace = ? AND name = ?")
-            .bind(&job.key.namespace)
-            .bind(&job.key.name)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let stored: Option<(JobState, Option<String>)> = sqlx::query_as(
+        "SELECT state, json_extract(doc, '$.metadata.uid') FROM bmc_jobs WHERE namespace = ? AND name = ?",
+    )
+    .bind(&job.key.namespace)
+    .bind(&job.key.name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    // Another object of the name (deleted and made again): replaced.
+    let stored = match stored {
+        Some((_, Some(old))) if uid_of(job.doc).is_some_and(|new| new != old) => {
+            sqlx::query("DELETE FROM bmc_jobs WHERE namespace = ? AND name = ?")
+                .bind(&job.key.namespace)
+                .bind(&job.key.name)
+                .execute(&mut *tx)
+                .await?;
+            None
+        }
+        other => other.map(|(s, _)| s),
+    };
     let o = match stored {
         Some(s) if !take_status || state.is_none_or(|(c, _)| *c == s) => {
             return Ok(Outcome::Unchanged);
@@ -260,12 +343,17 @@ mod tests {
 
     fn workflow(name: &str) -> serde_json::Value {
         json!({"apiVersion": "tinkerbell.org/v1alpha1", "kind": "Workflow",
-            "metadata": {"name": name, "namespace": "ns"}, "spec": {"templateRef": "t"}})
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}")},
+            "spec": {"templateRef": "t"}})
     }
 
     fn job(name: &str) -> serde_json::Value {
+        job_uid(name, &format!("uid-{name}"))
+    }
+
+    fn job_uid(name: &str, uid: &str) -> serde_json::Value {
         json!({"apiVersion": "bmc.tinkerbell.org/v1alpha1", "kind": "Job",
-            "metadata": {"name": name, "namespace": "ns"},
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
             "spec": {"machineRef": {"name": "m", "namespace": "ns"}, "tasks": [{"powerAction": "on"}]}})
     }
 
@@ -325,7 +413,19 @@ mod tests {
         assert_eq!(gone, [k("b")]);
         let row = store.workflow(&k("a")).await.unwrap().unwrap();
         assert_eq!(row.status.state, State::Failed);
-        assert!(store.mirror_delete(Kind::Workflow, &k("a")).await.unwrap());
+        assert!(
+            !store
+                .mirror_delete(Kind::Workflow, &k("a"), Some("another"))
+                .await
+                .unwrap(),
+            "another object of the name"
+        );
+        assert!(
+            store
+                .mirror_delete(Kind::Workflow, &k("a"), Some("uid-a"))
+                .await
+                .unwrap()
+        );
         assert!(store.workflow(&k("a")).await.unwrap().is_none());
 
         let mut done = item(job("j1"));
@@ -348,5 +448,53 @@ mod tests {
             .unwrap();
         assert_eq!(o, [Outcome::Unchanged]);
         assert_eq!(gone, [k("j1")]);
+        // Made again under its name: a new job, pending; the late delete
+        // of the old one does not take the new one.
+        let mut j2 = store.job(&k("j2")).await.unwrap().unwrap();
+        j2.state = JobState::Completed;
+        store.save_job(&j2).await.unwrap();
+        let (o, _) = store
+            .mirror_objects(
+                Kind::Job,
+                &[item(job_uid("j2", "again"))],
+                false,
+                &[],
+                false,
+            )
+            .await
+            .unwrap();
+        assert_eq!(o, [Outcome::Created]);
+        assert!(
+            !store
+                .mirror_delete(Kind::Job, &k("j2"), Some("uid-j2"))
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            store.job(&k("j2")).await.unwrap().unwrap().state,
+            JobState::Pending
+        );
+        // A Workflow made again under its name starts over.
+        store
+            .mirror_objects(Kind::Workflow, &[item(workflow("w"))], false, &[], false)
+            .await
+            .unwrap();
+        let row = store.workflow(&k("w")).await.unwrap().unwrap();
+        let mut s = row.status.clone();
+        s.state = State::Success;
+        store
+            .save_workflow_status(&row.key, row.version, &s)
+            .await
+            .unwrap();
+        let mut again = workflow("w");
+        again["metadata"]["uid"] = json!("uid-w-2");
+        store
+            .mirror_objects(Kind::Workflow, &[item(again)], false, &[], false)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.workflow(&k("w")).await.unwrap().unwrap().status.state,
+            State::New
+        );
     }
 }
