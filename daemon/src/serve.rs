@@ -111,7 +111,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 writers,
             )));
         }
-        _ => host_writers = writers(),
+        _ => {
+            host_writers = writers();
+            // It holds the runner and the app: event senders, which the
+            // event writer waits for at the stop.
+            drop(writers);
+        }
     }
     let scheme = if config.api.tls_cert.is_some() {
         "https"
