@@ -78,6 +78,8 @@ def check(rows):
             bad.append(r)
         elif sec == "scale" and r.get("startup_ms") is None:
             bad.append(r)
+        elif sec == "kube" and not (r.get("change_ms") or {}).get("p99"):
+            bad.append(r)
         elif sec == "install" and (r.get("syslog_s") is None or not r.get("image2disk_mb_s")
                                     or (r["config"].startswith("ref-") and not r.get("ref_mb_s"))):
             bad.append(r)
@@ -312,6 +314,17 @@ def main():
                 "< 100" if n >= 100000 else "", (r.get("rss_mib") or 1e9) < 100 if n >= 100000 else None)
             add(f"start-up ms, {n} records", r.get("startup_ms"), "-", None, None,
                 "< 1000" if n >= 100000 else "", (r.get("startup_ms") or 1e9) < 1000 if n >= 100000 else None)
+    for r in rows:
+        if r["section"] == "kube":
+            n = r.get("n")
+            add(f"kube: mirror {n} Hardware from the API server (kmock), cold store, s",
+                r.get("cold_sync_s"), "-", None, None)
+            add(f"kube: the same, warm store (restart), s", r.get("warm_sync_s"), "-", None, None)
+            add(f"kube: RSS MiB with {n} mirrored", r.get("rss_mib"), "-", None, None)
+            ch = r.get("change_ms") or {}
+            add(f"kube: change in the cluster to served, p50 / p99 / max ms ({r.get('changes')} changes)",
+                f"{ch.get('p50')} / {ch.get('p99')} / {ch.get('max')}", "-", None, None,
+                "p99 < 1000", (ch.get("p99") or 1e9) < 1000)
     for r in rows:
         if r["section"] == "dhcp-ready":
             add(f"{r['server']} ready with {r['config']} hosts: s / RSS MiB", "-", r["server"],
