@@ -509,7 +509,10 @@ impl Runner {
             "lastUpdateTime": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         });
         match self.store.set_bmc_status(b, power, &cond).await {
-            Ok(()) => self.link.outbox.mark(Dirty::Machine(b.clone())),
+            // Unchanged but for the time: not worth a write to the cluster
+            // at every poll of every Machine.
+            Ok(true) => self.link.outbox.mark(Dirty::Machine(b.clone())),
+            Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "bmc: cannot save status"),
         }
     }

@@ -272,12 +272,21 @@ impl Store {
             .collect()
     }
 
+    /// Rufio's status of a Machine. True when it changed other than in
+    /// the condition's time (what is worth telling the cluster).
     pub async fn set_bmc_status(
         &self,
         key: &Key,
         power: Option<PowerState>,
         contactable: &Value,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
+        let old: Option<(String, Option<String>)> = sqlx::query_as(
+            "SELECT power_state, contactable FROM bmc_machines WHERE namespace = ? AND name = ?",
+        )
+        .bind(&key.namespace)
+        .bind(&key.name)
+        .fetch_optional(self.pool())
+        .await?;
         sqlx::query(
             "UPDATE bmc_machines SET power_state = COALESCE(?, power_state), contactable = ? WHERE namespace = ? AND name = ?",
         )
@@ -287,7 +296,13 @@ impl Store {
         .bind(&key.name)
         .execute(self.pool())
         .await?;
-        Ok(())
+        let Some((old_power, old_cond)) = old else {
+            return Ok(false);
+        };
+        let untimed = |v: &Value| (v.get("status").cloned(), v.get("message").cloned());
+        let old_cond: Option<Value> = old_cond.and_then(|c| serde_json::from_str(&c).ok());
+        let power_changed = power.is_some_and(|p| p.as_str() != old_power);
+        Ok(power_changed || old_cond.as_ref().map(untimed) != Some(untimed(contactable)))
     }
 
     pub async fn job(&self, key: &Key) -> Result<Option<JobRow>, StoreError> {
