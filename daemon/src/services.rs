@@ -381,20 +381,6 @@ impl BmcService {
         Ok(out)
     }
 
-    /// The Kubernetes mirror's write of Machines, Jobs, Tasks and Secrets.
-    /// `take_status`: a Job's or Task's outcome is the cluster's (this
-    /// instance does not run them now).
-    pub async fn mirror(
-        &self,
-        kind: crate::kinds::Kind,
-        change: Mirrored,
-        take_status: bool,
-    ) -> Result<(), StoreError> {
-        mirror_objects(&self.store, &self.events, kind, change, take_status).await?;
-        self.wake.notify_one();
-        Ok(())
-    }
-
     /// Store a job of `tasks` for BMC Machine `machine` (named
     /// `<machine>-<what>-<ms>`) and wake the runner; returns its key.
     pub async fn start_job(
@@ -666,20 +652,6 @@ impl WorkflowService {
         Ok(out)
     }
 
-    /// The Kubernetes mirror's write of Templates and Workflows.
-    /// `take_status`: the cluster's Workflow status is the truth (another
-    /// instance or tink-controller writes it).
-    pub async fn mirror(
-        &self,
-        kind: crate::kinds::Kind,
-        change: Mirrored,
-        take_status: bool,
-    ) -> Result<(), StoreError> {
-        mirror_objects(&self.store, &self.events, kind, change, take_status).await?;
-        self.wake.notify_one();
-        Ok(())
-    }
-
     /// GetAction for `agent`: the action to run, with `currentState`
     /// written first (retried when another writer came between).
     pub async fn get_action(&self, agent: &str) -> Result<Served, WorkerError> {
@@ -759,6 +731,32 @@ impl WorkflowService {
         let gone = self.store.delete_tink(kind, key).await?;
         self.wake.notify_one();
         Ok(gone)
+    }
+}
+
+impl Services {
+    /// The Kubernetes mirror's write of a kind other than Hardware, then
+    /// the engine that runs it is woken. `take_status`: the status (a
+    /// Workflow's, a Job's outcome) is the cluster's, since another
+    /// instance or an upstream controller writes it.
+    pub async fn mirror(
+        &self,
+        kind: crate::kinds::Kind,
+        change: Mirrored,
+        take_status: bool,
+    ) -> Result<(), StoreError> {
+        use crate::kinds::Kind as K;
+        let (store, events, wake) = match kind {
+            K::Template | K::Workflow => (
+                &self.workflow.store,
+                &self.workflow.events,
+                &self.workflow.wake,
+            ),
+            _ => (&self.bmc.store, &self.bmc.events, &self.bmc.wake),
+        };
+        mirror_objects(store, events, kind, change, take_status).await?;
+        wake.notify_one();
+        Ok(())
     }
 }
 

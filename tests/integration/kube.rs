@@ -15,9 +15,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A fake API server (kmock), stopped by PID when dropped.
-struct Cluster {
+pub(crate) struct Cluster {
     child: Child,
-    kubeconfig: PathBuf,
+    pub(crate) kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -35,7 +35,7 @@ fn kmock_python() -> PathBuf {
 }
 
 impl Cluster {
-    fn start() -> Cluster {
+    pub(crate) fn start() -> Cluster {
         let assets = std::env::var("KUBEBUILDER_ASSETS")
             .unwrap_or_else(|_| "/usr/local/kubebuilder/bin".into());
         if Path::new(&assets).join("kube-apiserver").exists() {
@@ -79,7 +79,21 @@ impl Cluster {
         }
     }
 
-    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
+    pub(crate) fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let o = self.kubectl_output(args, stdin);
+        assert!(
+            o.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    pub(crate) fn kubectl_output(
+        &self,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> std::process::Output {
         let mut c = Command::new("kubectl");
         c.arg("--kubeconfig")
             .arg(&self.kubeconfig)
@@ -97,13 +111,7 @@ impl Cluster {
             use std::io::Write;
             child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
         }
-        let o = child.wait_with_output().unwrap();
-        assert!(
-            o.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
+        child.wait_with_output().unwrap()
     }
 
     fn stop(&mut self) {

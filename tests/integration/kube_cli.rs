@@ -10,9 +10,8 @@
 
 use crate::common::*;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The CRD files shipped in the repository, in the order they are applied.
@@ -34,75 +33,10 @@ fn crd_file(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// kmock, stopped by PID when dropped (a copy of `kube.rs`'s starter, kept
-/// apart so the two files change independently).
-struct Kmock {
-    child: Child,
-    kubeconfig: PathBuf,
-    _dir: tempfile::TempDir,
-}
+/// kmock, as `kube.rs` starts it (stopped by PID when dropped).
+use crate::kube::Cluster as Kmock;
 
 impl Kmock {
-    fn start() -> Kmock {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let o = Command::new(root.join("tests/kube/kmock-venv"))
-            .output()
-            .expect("run tests/kube/kmock-venv");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let python = String::from_utf8_lossy(&o.stdout).trim().to_string();
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let kubeconfig = write_file(dir.path(), "kubeconfig", &kubeconfig(port));
-        let mut child = Command::new(python)
-            .arg(root.join("tests/kube/kmock-server"))
-            .args(["--port", &port.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start kmock-server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.starts_with("READY"), "kmock-server said {line:?}");
-        Kmock {
-            child,
-            kubeconfig,
-            _dir: dir,
-        }
-    }
-
-    fn kubectl_output(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut child = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(["--request-timeout", "10s"])
-            .args(args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl");
-        if let Some(s) = stdin {
-            child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
-        }
-        child.wait_with_output().unwrap()
-    }
-
-    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let o = self.kubectl_output(args, stdin);
-        assert!(
-            o.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    }
-
     fn kubectl_json(&self, args: &[&str], stdin: Option<&str>) -> Value {
         serde_json::from_str(&self.kubectl(args, stdin)).unwrap()
     }
@@ -130,13 +64,6 @@ impl Kmock {
             .collect();
         v.sort();
         v
-    }
-}
-
-impl Drop for Kmock {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -208,13 +208,10 @@ impl Mirror {
         match kind {
             Kind::Hardware => s.hardware.mirror(change).await,
             Kind::Template | Kind::Workflow => {
-                s.workflow
-                    .mirror(kind, change, self.tink_external || follower)
-                    .await
+                s.mirror(kind, change, self.tink_external || follower).await
             }
             Kind::Machine | Kind::Job | Kind::Task | Kind::Secret => {
-                s.bmc
-                    .mirror(kind, change, self.rufio_external || follower)
+                s.mirror(kind, change, self.rufio_external || follower)
                     .await
             }
         }

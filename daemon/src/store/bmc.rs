@@ -154,6 +154,42 @@ pub struct NewJob<'a> {
     pub tasks: &'a [Action],
 }
 
+/// The Machine a Job document names (None for the other documents).
+pub(super) fn job_machine(d: &Doc) -> Option<Key> {
+    match d {
+        Doc::Job { key, spec, .. } => Some(spec.machine_key(&key.namespace)),
+        _ => None,
+    }
+}
+
+/// The job a Job or Task document is run as (`machine`: [`job_machine`]'s).
+pub(super) fn new_job<'a>(d: &'a Doc, machine: Option<&'a Key>) -> Option<NewJob<'a>> {
+    match d {
+        Doc::Job { key, doc, spec } => Some(NewJob {
+            key,
+            kind: JobKind::Job,
+            doc,
+            machine,
+            connection: None,
+            tasks: &spec.tasks,
+        }),
+        Doc::Task {
+            key,
+            doc,
+            connection,
+            action,
+        } => Some(NewJob {
+            key,
+            kind: JobKind::Task,
+            doc,
+            machine: None,
+            connection: Some(connection),
+            tasks: std::slice::from_ref(action),
+        }),
+        _ => None,
+    }
+}
+
 impl Store {
     /// Write every document of a BMC apply in one transaction: all or
     /// nothing, like a Hardware apply.
@@ -168,33 +204,12 @@ impl Store {
                 Doc::Machine { key, doc, .. } => {
                     super::upsert_document(&mut tx, super::DocTable::BmcMachines, key, doc).await?
                 }
-                Doc::Job { key, doc, spec } => {
-                    let m = spec.machine_key(&key.namespace);
-                    let job = NewJob {
-                        key,
-                        kind: JobKind::Job,
-                        doc,
-                        machine: Some(&m),
-                        connection: None,
-                        tasks: &spec.tasks,
-                    };
-                    insert_job(&mut tx, &job).await?
-                }
-                Doc::Task {
-                    key,
-                    doc,
-                    connection,
-                    action,
-                } => {
-                    let job = NewJob {
-                        key,
-                        kind: JobKind::Task,
-                        doc,
-                        machine: None,
-                        connection: Some(connection),
-                        tasks: std::slice::from_ref(action),
-                    };
-                    insert_job(&mut tx, &job).await?
+                Doc::Job { .. } | Doc::Task { .. } => {
+                    let m = job_machine(d);
+                    match new_job(d, m.as_ref()) {
+                        Some(job) => insert_job(&mut tx, &job).await?,
+                        None => Outcome::Unchanged,
+                    }
                 }
             };
             out.push(o);

@@ -4,7 +4,7 @@
 //! whole, in one transaction, so what was deleted while the watch was down
 //! goes too.
 
-use super::bmc::{JobKind, NewJob, State as JobState, insert_job, upsert_secret};
+use super::bmc::{NewJob, State as JobState, insert_job, job_machine, new_job, upsert_secret};
 use super::workflow::import_status;
 use super::{DocTable, Outcome, Store, StoreError, upsert_document};
 use crate::bmc::model::Doc;
@@ -188,33 +188,14 @@ impl Store {
                 Checked::Bmc(Doc::Secret { key, credentials }) => {
                     upsert_secret(&mut tx, key, credentials).await?
                 }
-                Checked::Bmc(Doc::Job { key, doc, spec }) => {
-                    let m = spec.machine_key(&key.namespace);
-                    let job = NewJob {
-                        key,
-                        kind: JobKind::Job,
-                        doc,
-                        machine: Some(&m),
-                        connection: None,
-                        tasks: &spec.tasks,
-                    };
-                    mirror_job(&mut tx, &job, item.job_state.as_ref(), take_status).await?
-                }
-                Checked::Bmc(Doc::Task {
-                    key,
-                    doc,
-                    connection,
-                    action,
-                }) => {
-                    let job = NewJob {
-                        key,
-                        kind: JobKind::Task,
-                        doc,
-                        machine: None,
-                        connection: Some(connection),
-                        tasks: std::slice::from_ref(action),
-                    };
-                    mirror_job(&mut tx, &job, item.job_state.as_ref(), take_status).await?
+                Checked::Bmc(d @ (Doc::Job { .. } | Doc::Task { .. })) => {
+                    let m = job_machine(d);
+                    match new_job(d, m.as_ref()) {
+                        Some(job) => {
+                            mirror_job(&mut tx, &job, item.job_state.as_ref(), take_status).await?
+                        }
+                        None => Outcome::Unchanged,
+                    }
                 }
                 Checked::Hardware(_) => {
                     return Err(StoreError::Io(std::io::Error::other(
