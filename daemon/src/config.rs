@@ -38,7 +38,7 @@ pub struct Config {
 
 /// Kubernetes mode: the cluster's Tinkerbell objects are mirrored into the
 /// store and served from it (`kube/`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct KubeConfig {
     pub enabled: bool,
@@ -60,6 +60,27 @@ pub struct KubeConfig {
     pub lease: String,
     /// Its namespace; empty: `namespace`, or "default" when that is empty.
     pub lease_namespace: String,
+    /// Requests per second to the API server, on average (controller-
+    /// runtime's default); 0: no limit. Watches are one request each.
+    pub qps: f64,
+    /// Requests sent at once before `qps` applies.
+    pub burst: u32,
+}
+
+impl Default for KubeConfig {
+    fn default() -> Self {
+        KubeConfig {
+            enabled: false,
+            kubeconfig: None,
+            namespace: String::new(),
+            tink: Role::Native,
+            rufio: Role::Native,
+            lease: String::new(),
+            lease_namespace: String::new(),
+            qps: 20.0,
+            burst: 30,
+        }
+    }
 }
 
 impl KubeConfig {
@@ -459,6 +480,12 @@ impl Config {
         if self.bmc.attempts == 0 {
             return bad("bmc.attempts", "must be at least 1");
         }
+        if self.kube.qps.is_nan() || self.kube.qps < 0.0 || self.kube.qps.is_infinite() {
+            return bad(
+                "kube.qps",
+                "must be a number of requests per second, 0 or more (0: no limit)",
+            );
+        }
         if self.events.queue == 0 {
             return bad("events.queue", "must be at least 1");
         }
@@ -773,6 +800,7 @@ mod tests {
                 "config key events.per_machine",
             ),
             ("", &[], &["dhcp.threads=0"], "config key dhcp.threads"),
+            ("", &[], &["kube.qps=-1"], "config key kube.qps"),
             (
                 "[dhcp]\nthreads = 65\n",
                 &[],
@@ -872,6 +900,8 @@ mod tests {
                 rufio: Role::External,
                 lease: "tb-lease".into(),
                 lease_namespace: "tb-system".into(),
+                qps: 50.0,
+                burst: 80,
             },
         }
     }

@@ -27,5 +27,39 @@ pub async fn client(cfg: &KubeConfig) -> anyhow::Result<kube::Client> {
     };
     config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.write_timeout = Some(REQUEST_TIMEOUT);
-    kube::Client::try_from(config).context("kube client")
+    let builder = kube::client::ClientBuilder::try_from(config).context("kube client")?;
+    Ok(match window(cfg.qps, cfg.burst) {
+        Some((n, per)) => builder
+            .with_layer(&tower::limit::RateLimitLayer::new(n, per))
+            .build(),
+        None => builder.build(),
+    })
+}
+
+/// `[kube] qps`/`burst` as tower's window: up to `burst` requests at once,
+/// then `qps` on average (`burst` per `burst / qps` seconds; tower has no
+/// token bucket, and a window of the burst's size is the same average with
+/// the same largest burst). None: no limit (qps 0).
+fn window(qps: f64, burst: u32) -> Option<(u64, Duration)> {
+    if qps.is_nan() || qps <= 0.0 || qps.is_infinite() {
+        return None;
+    }
+    let burst = burst.max(1);
+    Some((
+        u64::from(burst),
+        Duration::from_secs_f64(f64::from(burst) / qps),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qps_and_burst_make_the_window() {
+        assert_eq!(window(20.0, 30), Some((30, Duration::from_millis(1500))));
+        assert_eq!(window(5.0, 0), Some((1, Duration::from_millis(200))));
+        assert_eq!(window(0.0, 30), None);
+        assert_eq!(window(f64::NAN, 30), None);
+    }
 }
