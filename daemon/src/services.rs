@@ -425,7 +425,7 @@ impl BmcService {
             // The Job is made where Rufio's callers make it; the mirror
             // brings it back and the runner (or Rufio) runs it.
             use crate::kinds::Kind as K;
-            if replace && let Some(old) = cluster.read(K::Job, key).await? {
+            if replace && let Some(old) = cluster.get(K::Job, key).await? {
                 let status = old.get("status").cloned().unwrap_or_default();
                 let running = crate::kube::convert::job_running(&status);
                 if running {

@@ -51,6 +51,9 @@ pub enum WriteError {
     NotFound { kind: &'static str, key: Key },
     #[error("the Kubernetes API did not answer within {CALL_TIMEOUT:?}")]
     Timeout,
+    /// Reading what to write failed: passing (retried), not the cluster's.
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
 }
 
 impl WriteError {
@@ -85,7 +88,8 @@ impl Cluster {
         Api::namespaced_with(self.client.clone(), namespace, &resource(kind))
     }
 
-    async fn get(&self, kind: Kind, key: &Key) -> Result<Option<Value>, WriteError> {
+    /// The object, as the API server has it (None: not there).
+    pub async fn get(&self, kind: Kind, key: &Key) -> Result<Option<Value>, WriteError> {
         match bounded(self.api(kind, &key.namespace).get(&key.name)).await {
             Ok(o) => Ok(Some(serde_json::to_value(o).unwrap_or(Value::Null))),
             Err(e) if e.is(404) => Ok(None),
@@ -196,11 +200,6 @@ impl Cluster {
             Err(e) if e.is(409) => Ok(None),
             Err(e) => Err(e),
         }
-    }
-
-    /// The object, as the API server has it (None: not there).
-    pub async fn read(&self, kind: Kind, key: &Key) -> Result<Option<Value>, WriteError> {
-        self.get(kind, key).await
     }
 
     /// True when it existed.
@@ -414,14 +413,11 @@ impl Pusher {
     }
 
     async fn push(&self, d: &Dirty) -> Result<(), WriteError> {
-        let store_err = |e: crate::store::StoreError| {
-            WriteError::Invalid(FieldError::new("", format!("store: {e}")))
-        };
         match d {
             Dirty::Workflow(_) if !self.workflows => {}
             Dirty::Job(_) | Dirty::Machine(_) if !self.bmc => {}
             Dirty::Workflow(key) => {
-                let Some(row) = self.store.workflow(key).await.map_err(store_err)? else {
+                let Some(row) = self.store.workflow(key).await? else {
                     return Ok(());
                 };
                 if crate::kinds::disabled(&row.doc).is_some() {
@@ -429,7 +425,7 @@ impl Pusher {
                 }
                 // The object's own status says which schema it is in; a
                 // Workflow without one gets the installed CRD's.
-                let theirs = self.cluster.read(Kind::Workflow, key).await?;
+                let theirs = self.cluster.get(Kind::Workflow, key).await?;
                 let schema = match theirs.as_ref().and_then(|o| o.get("status")) {
                     Some(s) if convert::is_v012(s) => WorkflowSchema::V012,
                     Some(s) if s.get("state").is_some() => WorkflowSchema::Current,
@@ -450,7 +446,7 @@ impl Pusher {
                 r?;
             }
             Dirty::Job(key) => {
-                let Some(row) = self.store.job(key).await.map_err(store_err)? else {
+                let Some(row) = self.store.job(key).await? else {
                     return Ok(());
                 };
                 let kind = match row.kind {
@@ -463,7 +459,7 @@ impl Pusher {
                     .await?;
             }
             Dirty::Machine(key) => {
-                let Some(row) = self.store.bmc_machine(key).await.map_err(store_err)? else {
+                let Some(row) = self.store.bmc_machine(key).await? else {
                     return Ok(());
                 };
                 let status = convert::machine_status(&row);
