@@ -336,13 +336,12 @@ fn templates_workflows_and_bmc_objects_are_mirrored_with_their_status() {
         let (code, v) = d.api("GET", path, None);
         (code, v)
     };
-    until(10, "the workflow's mirror", &d, || {
+    // Each kind has its own watch: they arrive in any order.
+    until(10, "the mirror of every kind", &d, || {
         get("/api/v1/workflows/w1?namespace=default").0 == 200
+            && get("/api/v1/templates/t1?namespace=default").0 == 200
+            && get("/api/v1/bmc/machines/bmc1?namespace=default").0 == 200
     });
-    let (code, t) = get("/api/v1/templates/t1?namespace=default");
-    assert_eq!(code, 200, "{t}");
-    let (code, m) = get("/api/v1/bmc/machines/bmc1?namespace=default");
-    assert_eq!(code, 200, "{m}");
     until(10, "the job's mirror", &d, || {
         get("/api/v1/bmc/jobs/j1?namespace=default").0 == 200
     });
@@ -530,6 +529,41 @@ spec:
     let conditions = job["status"]["conditions"].to_string();
     assert!(conditions.contains("Completed"), "{job:#}");
     assert!(job["status"]["completionTime"].is_string(), "{job:#}");
+    // Each step a Task `<job>-task-<n>` as Rufio's job controller makes
+    // them: owned by the Job, the action and connection, Completed.
+    let steps = job["spec"]["tasks"].as_array().map_or(0, Vec::len);
+    assert!(steps >= 2, "{job:#}");
+    for n in 0..steps {
+        let name = format!("netboot-wf1-task-{n}");
+        let mut task = Value::Null;
+        until(10, &format!("Task {name} Completed"), &d, || {
+            task = serde_json::from_str(&cluster.kubectl(
+                &[
+                    "get",
+                    "tasks.bmc.tinkerbell.org",
+                    &name,
+                    "-o",
+                    "json",
+                    "--ignore-not-found",
+                ],
+                None,
+            ))
+            .unwrap_or(Value::Null);
+            task["status"]["conditions"]
+                .to_string()
+                .contains("Completed")
+        });
+        assert_eq!(task["spec"]["task"], job["spec"]["tasks"][n], "{task:#}");
+        assert_eq!(
+            task["spec"]["connection"]["authSecretRef"]["name"],
+            "bmc-creds"
+        );
+        let owner = &task["metadata"]["ownerReferences"][0];
+        assert_eq!(owner["kind"], "Job", "{task:#}");
+        assert_eq!(owner["uid"], job["metadata"]["uid"], "{task:#}");
+        assert!(task["status"]["startTime"].is_string(), "{task:#}");
+        assert!(task["status"]["completionTime"].is_string(), "{task:#}");
+    }
     sushy.wait_power("On");
     until(30, "the Machine's status", &d, || {
         cluster_get(&cluster, "machines.bmc.tinkerbell.org", "bmc-1")["status"]["powerState"]
@@ -552,6 +586,19 @@ spec:
     let a = &w["status"]["tasks"][0]["actions"][0];
     assert_eq!(a["state"], "SUCCESS", "{w:#}");
     assert!(a["executionStart"].is_string(), "{w:#}");
+    // The Tasks were the Job's record, not Tasks run again: each power
+    // action of the Job was sent once.
+    let powers = job["spec"]["tasks"].as_array().map_or(0, |t| {
+        t.iter().filter(|t| t.get("powerAction").is_some()).count()
+    });
+    let sent = events_of(&d, "node-1")
+        .iter()
+        .filter(|e| e["kind"] == "bmc.power")
+        .count();
+    assert_eq!(
+        sent, powers,
+        "power actions in the Job: {powers}, sent: {sent}"
+    );
 }
 
 fn healthz(d: &Daemon) -> String {

@@ -251,6 +251,7 @@ impl Runner {
             {
                 t.state = State::Failed;
                 t.message = Some("interrupted by a restart while in flight; not sent again".into());
+                t.completed_ms = Some(now_ms());
                 j.state = State::Failed;
                 j.message = Some(format!("task {i} was interrupted by a restart"));
                 j.completed_ms = Some(now_ms());
@@ -362,6 +363,7 @@ impl Runner {
                 if let Some(t) = j.task_states.get_mut(i) {
                     t.state = State::Running;
                     t.attempts += 1;
+                    t.started_ms.get_or_insert(now_ms());
                 }
                 if self.save(&j).await.is_err() {
                     last_err = "cannot persist the task before sending it".into();
@@ -371,6 +373,7 @@ impl Runner {
                     Ok((power, protocol)) => {
                         if let Some(ts) = j.task_states.get_mut(i) {
                             ts.state = State::Completed;
+                            ts.completed_ms = Some(now_ms());
                             ts.protocol = Some(protocol.into());
                             ts.message = power.map(|s| format!("power is {}", s.as_str()));
                         }
@@ -391,6 +394,7 @@ impl Runner {
                 if let Some(t) = j.task_states.get_mut(i) {
                     t.state = State::Failed;
                     t.message = Some(last_err.clone());
+                    t.completed_ms = Some(now_ms());
                 }
                 self.contact(bmc.as_ref(), None, Some(&last_err)).await;
                 if let Some(s) = &subject {

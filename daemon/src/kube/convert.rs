@@ -5,7 +5,7 @@
 
 use crate::hardware::FieldError;
 use crate::kinds::{self, Kind};
-use crate::store::bmc::{BmcMachineRow, JobRow, State as JobState};
+use crate::store::bmc::{BmcMachineRow, JobRow, State as JobState, TaskState};
 use crate::store::mirror::MirrorItem;
 use crate::workflow::model::{Action, State, Status, Task, TemplateRendering};
 use serde_json::{Map, Value, json};
@@ -355,6 +355,75 @@ pub fn job_status(j: &JobRow) -> Value {
     s
 }
 
+/// The name Rufio gives a Job's n-th Task (`FormatTaskName`).
+pub fn task_name(job: &str, n: usize) -> String {
+    format!("{job}-task-{n}")
+}
+
+/// The Task Rufio's job controller creates for a Job's n-th action: owned
+/// by the Job (deleted with it), with the action and the Machine's
+/// connection. None: the cluster's Job has no uid to own it by.
+pub fn task_object(job: &Value, n: usize, action: &Value, connection: &Value) -> Option<Value> {
+    let name = job.pointer("/metadata/name")?.as_str()?;
+    let uid = job.pointer("/metadata/uid")?.as_str()?;
+    let namespace = job
+        .pointer("/metadata/namespace")
+        .cloned()
+        .unwrap_or(json!("default"));
+    Some(json!({
+        "apiVersion": "bmc.tinkerbell.org/v1alpha1",
+        "kind": "Task",
+        "metadata": {
+            "name": task_name(name, n),
+            "namespace": namespace,
+            "ownerReferences": [{
+                "apiVersion": "bmc.tinkerbell.org/v1alpha1",
+                "kind": "Job",
+                "name": name,
+                "uid": uid,
+                "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {"task": action, "connection": connection},
+    }))
+}
+
+/// A Task that is one of a Job's steps (Rufio's job controller made it):
+/// the Job runs it, not the Task itself.
+pub fn owned_by_job(task: &Value) -> bool {
+    task.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .is_some_and(|refs| {
+            refs.iter().any(|r| {
+                r.get("kind").and_then(Value::as_str) == Some("Job")
+                    && r.get("apiVersion")
+                        .and_then(Value::as_str)
+                        .is_some_and(|v| v.starts_with("bmc.tinkerbell.org/"))
+            })
+        })
+}
+
+/// Rufio's status of a Job's Task: conditions Completed or Failed (Tasks
+/// have no Running condition), startTime, completionTime on success only.
+pub fn task_status(t: &TaskState) -> Value {
+    let mut s = json!({});
+    match t.state {
+        JobState::Completed => s["conditions"] = json!([{"type": "Completed", "status": "True"}]),
+        JobState::Failed => {
+            s["conditions"] = json!([{"type": "Failed", "status": "True", "message": t.message.clone().unwrap_or_default()}]);
+        }
+        _ => {}
+    }
+    if let Some(ms) = t.started_ms {
+        s["startTime"] = json!(time(ms));
+    }
+    if let (Some(ms), JobState::Completed) = (t.completed_ms, t.state) {
+        s["completionTime"] = json!(time(ms));
+    }
+    s
+}
+
 /// Rufio's status of a Machine: powerState and the Contactable condition.
 pub fn machine_status(m: &BmcMachineRow) -> Value {
     let mut s = json!({"powerState": m.power_state.as_str()});
@@ -504,6 +573,54 @@ mod tests {
         assert!(s.get("completionTime").is_none(), "success only: {s}");
         j.state = JobState::Completed;
         assert_eq!(job_status(&j)["completionTime"], "2026-11-18T11:06:50Z");
+    }
+
+    /// A Job's steps as Rufio's job controller writes them: `<job>-task-<n>`
+    /// owned by the Job, and Task status with no Running condition.
+    #[test]
+    fn a_jobs_tasks_are_rufios_objects() {
+        let job = json!({"metadata": {"name": "netboot-w", "namespace": "ns", "uid": "u-1"}});
+        let action = json!({"powerAction": "on"});
+        let conn = json!({"host": "10.0.0.9"});
+        let t = task_object(&job, 2, &action, &conn).unwrap();
+        assert_eq!(t["metadata"]["name"], "netboot-w-task-2");
+        assert_eq!(t["metadata"]["namespace"], "ns");
+        assert_eq!(t["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        assert_eq!(t["spec"], json!({"task": action, "connection": conn}));
+        assert!(owned_by_job(&t));
+        assert!(!owned_by_job(&json!({"metadata": {"name": "x"}})));
+        assert!(!owned_by_job(
+            &json!({"metadata": {"ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job"}]}})
+        ));
+        // No uid: nothing to own it by.
+        assert_eq!(
+            task_object(&json!({"metadata": {"name": "j"}}), 0, &action, &conn),
+            None
+        );
+
+        let mut ts = TaskState::default();
+        assert_eq!(task_status(&ts), json!({}));
+        ts.state = JobState::Running;
+        ts.started_ms = Some(1_795_000_000_000);
+        assert_eq!(
+            task_status(&ts),
+            json!({"startTime": "2026-11-18T11:06:40Z"})
+        );
+        ts.state = JobState::Failed;
+        ts.message = Some("no answer".into());
+        ts.completed_ms = Some(1_795_000_010_000);
+        let s = task_status(&ts);
+        assert_eq!(
+            s["conditions"][0],
+            json!({"type": "Failed", "status": "True", "message": "no answer"})
+        );
+        assert!(s.get("completionTime").is_none(), "success only: {s}");
+        assert_eq!(job_state(&s).unwrap().0, JobState::Failed);
+        ts.state = JobState::Completed;
+        let s = task_status(&ts);
+        assert_eq!(s["conditions"][0]["type"], "Completed");
+        assert_eq!(s["completionTime"], "2026-11-18T11:06:50Z");
+        assert_eq!(job_state(&s).unwrap().0, JobState::Completed);
     }
 
     /// Times from the wire that would overflow or pass year 9999 are

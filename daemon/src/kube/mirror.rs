@@ -67,9 +67,17 @@ pub fn kind_name(kind: Kind) -> &'static str {
 /// Rufio's Secrets hold `username` and `password`; any other Secret in the
 /// namespace (tokens, certificates) is none of tinkerbox's business and is
 /// never stored.
-fn wanted(kind: Kind, doc: &Value) -> bool {
-    kind != Kind::Secret
-        || (doc.pointer("/data/username").is_some() && doc.pointer("/data/password").is_some())
+/// A Task a Job owns is one of that Job's steps: with Rufio native it is
+/// this instance's record of its own work (the Job runs the action), not a
+/// Task to run again.
+fn wanted(kind: Kind, doc: &Value, rufio_external: bool) -> bool {
+    match kind {
+        Kind::Secret => {
+            doc.pointer("/data/username").is_some() && doc.pointer("/data/password").is_some()
+        }
+        Kind::Task => rufio_external || !super::convert::owned_by_job(doc),
+        _ => true,
+    }
 }
 
 /// What the watches share.
@@ -141,7 +149,7 @@ impl Mirror {
                 }
                 Ok(watcher::Event::InitApply(o)) => {
                     let doc = document(o, &ar);
-                    if wanted(kind, &doc) {
+                    if wanted(kind, &doc, self.rufio_external) {
                         listed.push(doc);
                     }
                     continue;
@@ -151,7 +159,7 @@ impl Mirror {
                 }
                 Ok(watcher::Event::Apply(o)) => {
                     let doc = document(o, &ar);
-                    if wanted(kind, &doc) {
+                    if wanted(kind, &doc, self.rufio_external) {
                         ("apply", Mirrored::One(doc))
                     } else {
                         ("apply", Mirrored::Gone(super::doc_key(&doc), None))
@@ -239,4 +247,188 @@ fn document(o: DynamicObject, ar: &ApiResource) -> Value {
             .or_insert_with(|| Value::String(ar.kind.clone()));
     }
     clean(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::Event;
+    use crate::kube::mock::{self, Step};
+    use crate::services::{BmcService, HardwareService, WorkflowService};
+    use crate::store::Store;
+    use ::http::Method;
+    use serde_json::json;
+    use tokio::sync::mpsc;
+
+    const LIST: &str = "/apis/tinkerbell.org/v1alpha1/namespaces/default/hardware?";
+
+    async fn mirror(dir: &tempfile::TempDir) -> (Mirror, Store, mpsc::Receiver<Event>) {
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (sink, rx) = crate::events::channel(1 << 10, metrics.clone());
+        let inv = Arc::new(crate::inventory::Inventory::default());
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let services = Arc::new(Services {
+            hardware: HardwareService::new(store.clone(), inv, sink.clone(), metrics.clone()),
+            bmc: BmcService::new(store.clone(), sink.clone(), wake.clone()),
+            workflow: WorkflowService::new(store.clone(), sink.clone(), metrics.clone(), wake),
+            link: Arc::default(),
+        });
+        let m = Mirror {
+            services,
+            sync: Arc::new(Sync::new(&["Hardware"])),
+            metrics,
+            events: sink,
+            tink_external: false,
+            rufio_external: false,
+        };
+        (m, store, rx)
+    }
+
+    fn list(rv: &str, items: &[Value]) -> Value {
+        json!({"apiVersion": "tinkerbell.org/v1alpha1", "kind": "HardwareList",
+            "metadata": {"resourceVersion": rv}, "items": items})
+    }
+
+    async fn names(store: &Store) -> Vec<String> {
+        let mut v: Vec<String> = store
+            .list(None)
+            .await
+            .unwrap()
+            .iter()
+            .map(|h| h["metadata"]["name"].as_str().unwrap_or("").to_string())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Polls `f` (bounded): the watch runs on its own task.
+    async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
+        for _ in 0..200 {
+            if f().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("not within 10 s: {what}");
+    }
+
+    /// 410 Gone on the watch (the server compacted past our
+    /// resourceVersion): the watch relists, and what was deleted meanwhile
+    /// is gone from the mirror.
+    #[tokio::test]
+    async fn gone_relists_and_drops_what_was_deleted_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, store, _rx) = mirror(&dir).await;
+        let h1 = mock::hardware("m1", "5", "02:00:00:00:00:01");
+        let h2 = mock::hardware("m2", "6", "02:00:00:00:00:02");
+        let gone = json!({"type": "ERROR", "object": mock::status(410, "Expired")});
+        let (client, server) = mock::client(vec![
+            Step::json(Method::GET, LIST, 200, &list("10", &[h1.clone(), h2])),
+            Step::watch("watch=true", &[gone]),
+            Step::json(Method::GET, LIST, 200, &list("12", &[h1])),
+        ]);
+        let api = Api::namespaced_with(client, "default", &resource(Kind::Hardware));
+        let w = m.clone();
+        let task = tokio::spawn(async move { w.watch(Kind::Hardware, api).await });
+        until("m2 gone after the relist", async || {
+            names(&store).await == ["m1"]
+        })
+        .await;
+        until("current again", async || m.sync.report().current).await;
+        task.abort();
+        let errors = m
+            .metrics
+            .kube_watch_events
+            .get_or_create(&WatchLabels {
+                kind: "Hardware",
+                event: "error",
+            })
+            .get();
+        assert_eq!(errors, 1, "the 410 counted once");
+        let seen = server.seen();
+        assert!(
+            seen[2].1.contains("limit="),
+            "a list, not a watch: {}",
+            seen[2].1
+        );
+    }
+
+    /// The API server fails the list (an error stream): the mirror keeps
+    /// what it had, says why it is not current, and is current again at
+    /// the next good list, with one event for each change of state.
+    #[tokio::test]
+    async fn a_failing_list_keeps_the_mirror_and_reports_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, store, mut rx) = mirror(&dir).await;
+        let h1 = mock::hardware("m1", "5", "02:00:00:00:00:01");
+        let (client, server) = mock::client(vec![
+            Step::json(
+                Method::GET,
+                LIST,
+                200,
+                &list("10", std::slice::from_ref(&h1)),
+            ),
+            // The watch ends with a server error, its relist is refused.
+            Step::watch(
+                "watch=true",
+                &[json!({"type": "ERROR", "object": mock::status(410, "Expired")})],
+            ),
+            Step::json(
+                Method::GET,
+                LIST,
+                500,
+                &mock::status(500, "etcdserver: leader changed"),
+            ),
+            Step::json(Method::GET, LIST, 200, &list("12", &[h1])),
+        ]);
+        let api = Api::namespaced_with(client, "default", &resource(Kind::Hardware));
+        let w = m.clone();
+        let task = tokio::spawn(async move { w.watch(Kind::Hardware, api).await });
+        let mut kinds = vec![];
+        until("synced, lost, synced", async || {
+            while let Ok(e) = rx.try_recv() {
+                if matches!(e.kind, EventKind::KubeSynced | EventKind::KubeDisconnected) {
+                    kinds.push(e.kind);
+                }
+            }
+            kinds.len() >= 3
+        })
+        .await;
+        task.abort();
+        assert_eq!(
+            kinds,
+            [
+                EventKind::KubeSynced,
+                EventKind::KubeDisconnected,
+                EventKind::KubeSynced
+            ]
+        );
+        assert_eq!(names(&store).await, ["m1"], "kept throughout");
+        assert!(m.sync.report().current);
+        assert_eq!(server.seen().len(), 4);
+    }
+
+    #[test]
+    fn only_rufios_secrets_and_tasks_nobody_runs_as_a_job_step_are_stored() {
+        let creds = json!({"data": {"username": "YQ==", "password": "Yg=="}});
+        assert!(wanted(Kind::Secret, &creds, false));
+        assert!(!wanted(
+            Kind::Secret,
+            &json!({"data": {"token": "x"}}),
+            false
+        ));
+        let step = json!({"metadata": {"ownerReferences": [
+            {"apiVersion": "bmc.tinkerbell.org/v1alpha1", "kind": "Job", "name": "j", "uid": "u"}]}});
+        // Native: the Job runs its steps; its Tasks are its record.
+        assert!(!wanted(Kind::Task, &step, false));
+        // External: Rufio's Tasks, shown as they are.
+        assert!(wanted(Kind::Task, &step, true));
+        assert!(wanted(
+            Kind::Task,
+            &json!({"metadata": {"name": "t"}}),
+            false
+        ));
+        assert!(wanted(Kind::Hardware, &json!({}), false));
+    }
 }

@@ -22,6 +22,8 @@ pub mod convert;
 pub mod crds;
 pub mod lead;
 pub mod mirror;
+#[cfg(test)]
+mod mock;
 pub mod rbac;
 pub mod writer;
 

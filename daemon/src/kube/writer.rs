@@ -14,7 +14,7 @@ use super::mirror::{kind_name, resource};
 use crate::hardware::{FieldError, Key};
 use crate::kinds::Kind;
 use crate::store::Store;
-use crate::store::bmc::JobKind;
+use crate::store::bmc::{JobKind, JobRow, State as JobState};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use std::collections::HashSet;
@@ -457,6 +457,9 @@ impl Pusher {
                 self.cluster
                     .patch_status(kind, key, &status, |a, b| a == b)
                     .await?;
+                if row.kind == JobKind::Job {
+                    self.push_tasks(key, &row).await?;
+                }
             }
             Dirty::Machine(key) => {
                 let Some(row) = self.store.bmc_machine(key).await? else {
@@ -467,6 +470,53 @@ impl Pusher {
                     .patch_status(Kind::Machine, key, &status, same_but_time)
                     .await?;
             }
+        }
+        Ok(())
+    }
+}
+
+impl Pusher {
+    /// A Job's steps as Rufio's job controller shows them: the Task
+    /// `<job>-task-<n>` of each action begun, created when first owed
+    /// (owned by the Job, so deleted with it), and its status.
+    async fn push_tasks(&self, key: &Key, row: &JobRow) -> Result<(), WriteError> {
+        let mut job: Option<Value> = None;
+        for (n, ts) in row.task_states.iter().enumerate() {
+            if ts.state == JobState::Pending {
+                continue;
+            }
+            let tkey = Key::new(key.namespace.clone(), convert::task_name(&key.name, n));
+            let status = convert::task_status(ts);
+            if self
+                .cluster
+                .patch_status(Kind::Task, &tkey, &status, |a, b| a == b)
+                .await?
+            {
+                continue;
+            }
+            if job.is_none() {
+                job = self.cluster.get(Kind::Job, key).await?;
+            }
+            let Some(job) = &job else {
+                return Ok(()); // the Job is gone, and its Tasks with it
+            };
+            let connection = match &row.machine {
+                Some(m) => self
+                    .store
+                    .bmc_machine(m)
+                    .await?
+                    .and_then(|m| m.doc.pointer("/spec/connection").cloned())
+                    .unwrap_or(Value::Null),
+                None => Value::Null,
+            };
+            let action = serde_json::to_value(row.tasks.get(n)).unwrap_or(Value::Null);
+            let Some(task) = convert::task_object(job, n, &action, &connection) else {
+                return Ok(());
+            };
+            self.cluster.create(Kind::Task, &tkey, &task).await?;
+            self.cluster
+                .patch_status(Kind::Task, &tkey, &status, |a, b| a == b)
+                .await?;
         }
         Ok(())
     }
@@ -492,6 +542,122 @@ fn same_but_time(a: &Value, b: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kube::mock::{self, Step};
+    use ::http::Method;
+
+    const HW: &str = "/apis/tinkerbell.org/v1alpha1/namespaces/default/hardware/m1";
+
+    /// Another writer came between the read and the patch: the object is
+    /// read again and the edit applied to the newer copy, with its
+    /// resourceVersion as the precondition.
+    #[tokio::test]
+    async fn a_conflict_is_read_again_and_the_edit_made_on_the_newer_copy() {
+        let (client, server) = mock::client(vec![
+            Step::json(
+                Method::GET,
+                HW,
+                200,
+                &mock::hardware("m1", "1", "02:00:00:00:00:01"),
+            ),
+            Step::json(Method::PATCH, HW, 409, &mock::status(409, "Conflict")),
+            Step::json(
+                Method::GET,
+                HW,
+                200,
+                &mock::hardware("m1", "2", "02:00:00:00:00:01"),
+            ),
+            Step::json(
+                Method::PATCH,
+                HW,
+                200,
+                &mock::hardware("m1", "3", "02:00:00:00:00:01"),
+            ),
+        ]);
+        let c = Cluster::new(client);
+        let key = Key::new("default", "m1");
+        let got = c
+            .update(Kind::Hardware, &key, |v| {
+                v["spec"]["interfaces"][0]["netboot"]["allowPXE"] = json!(true);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(got["metadata"]["resourceVersion"], "3");
+        let seen = server.seen();
+        assert_eq!(seen.len(), 4);
+        let want = |rv: &str| {
+            json!({"metadata": {"resourceVersion": rv},
+                "spec": {"interfaces": [{"dhcp": {"mac": "02:00:00:00:00:01"}, "netboot": {"allowPXE": true}}]}})
+        };
+        assert_eq!(seen[1].2, want("1"));
+        assert_eq!(
+            seen[3].2,
+            want("2"),
+            "the retry carries the newer resourceVersion"
+        );
+    }
+
+    /// A status that keeps losing: bounded, then a Conflict error (the
+    /// pusher keeps it and tries later), not a loop.
+    #[tokio::test]
+    async fn status_lost_to_conflicts_every_time_gives_up_after_the_attempts() {
+        let mut steps = vec![];
+        for rv in 0..ATTEMPTS {
+            steps.push(Step::json(
+                Method::GET,
+                HW,
+                200,
+                &mock::hardware("m1", &rv.to_string(), "02:00:00:00:00:01"),
+            ));
+            steps.push(Step::json(
+                Method::PATCH,
+                "/hardware/m1/status",
+                409,
+                &mock::status(409, "Conflict"),
+            ));
+        }
+        let (client, server) = mock::client(steps);
+        let c = Cluster::new(client);
+        let e = c
+            .patch_status(
+                Kind::Hardware,
+                &Key::new("default", "m1"),
+                &json!({"x": 1}),
+                |a, b| a == b,
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(e, WriteError::Conflict { .. }), "{e}");
+        assert!(!e.permanent(), "a conflict is tried again later");
+        assert_eq!(server.seen().len(), 2 * ATTEMPTS);
+    }
+
+    /// RBAC or schema refusals are permanent (logged, not retried forever);
+    /// conflicts, throttling, server errors and silence are retried.
+    #[tokio::test]
+    async fn which_refusals_are_retried() {
+        let (client, server) = mock::client(vec![
+            Step::json(Method::GET, HW, 403, &mock::status(403, "Forbidden")),
+            Step::json(Method::GET, HW, 429, &mock::status(429, "TooManyRequests")),
+            Step::json(Method::GET, HW, 500, &mock::status(500, "InternalError")),
+            Step::json(Method::GET, HW, 404, &mock::status(404, "NotFound")),
+        ]);
+        let c = Cluster::new(client);
+        let key = Key::new("default", "m1");
+        let e = c.get(Kind::Hardware, &key).await.unwrap_err();
+        assert!(e.permanent(), "403: {e}");
+        let e = c.get(Kind::Hardware, &key).await.unwrap_err();
+        assert!(!e.permanent(), "429: {e}");
+        let e = c.get(Kind::Hardware, &key).await.unwrap_err();
+        assert!(!e.permanent(), "500: {e}");
+        assert_eq!(
+            c.get(Kind::Hardware, &key).await.unwrap(),
+            None,
+            "404 is absence"
+        );
+        assert!(!WriteError::Timeout.permanent());
+        assert_eq!(server.seen().len(), 4);
+    }
 
     #[test]
     fn a_poll_that_changes_only_the_time_is_not_written() {

@@ -50,6 +50,12 @@ pub struct TaskState {
     /// Which protocol answered: ipmi | redfish.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
+    /// First sent (a Rufio Task's startTime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<i64>,
+    /// Completed or failed for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
