@@ -45,7 +45,7 @@ pub fn free_port() -> u16 {
 }
 
 /// A random u32 from the kernel (no rand crate for one number).
-fn rand_u32() -> u32 {
+pub fn rand_u32() -> u32 {
     let mut b = [0u8; 4];
     getrandom::fill(&mut b).unwrap();
     u32::from_ne_bytes(b)

@@ -14,9 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A fake API server (kmock), stopped by PID when dropped.
+/// The API server the kube tests drive, stopped by PID when dropped: a
+/// real kube-apiserver on etcd (envtest's convention) where
+/// `KUBEBUILDER_ASSETS` has one, else kmock.
 pub(crate) struct Cluster {
-    child: Child,
+    /// Started in order (etcd, then the API server); stopped in reverse.
+    procs: Vec<Child>,
     pub(crate) kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -34,20 +37,29 @@ fn kmock_python() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
 }
 
+fn assets() -> PathBuf {
+    PathBuf::from(
+        std::env::var("KUBEBUILDER_ASSETS").unwrap_or_else(|_| "/usr/local/kubebuilder/bin".into()),
+    )
+}
+
 impl Cluster {
+    /// A real API server if one can be had, else kmock, saying so.
     pub(crate) fn start() -> Cluster {
-        let assets = std::env::var("KUBEBUILDER_ASSETS")
-            .unwrap_or_else(|_| "/usr/local/kubebuilder/bin".into());
-        if Path::new(&assets).join("kube-apiserver").exists() {
-            eprintln!(
-                "kube: {assets}/kube-apiserver exists, but this suite does not start it yet: running against kmock"
-            );
-        } else {
-            eprintln!(
-                "kube: NO kube-apiserver in {assets} (KUBEBUILDER_ASSETS): the kube tests run against kmock, \
-                 a fake API server; not run against a real one: schema validation, server-side apply, RBAC"
-            );
+        let assets = assets();
+        if assets.join("kube-apiserver").exists() {
+            return Cluster::real(&assets);
         }
+        eprintln!(
+            "kube: NO kube-apiserver in {} (KUBEBUILDER_ASSETS): the kube tests run against kmock, \
+             a fake API server; not run against a real one: schema validation, server-side apply, RBAC",
+            assets.display()
+        );
+        Cluster::kmock()
+    }
+
+    /// kmock, whatever else the machine has (tests of kmock's answers).
+    pub(crate) fn kmock() -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let kubeconfig = dir.path().join("kubeconfig");
@@ -73,10 +85,156 @@ impl Cluster {
         BufReader::new(out).read_line(&mut line).unwrap();
         assert!(line.starts_with("READY"), "kmock-server said {line:?}");
         Cluster {
-            child,
+            procs: vec![child],
             kubeconfig,
             _dir: dir,
         }
+    }
+
+    /// etcd (the assets' own, else Debian's etcd-server) and the assets'
+    /// kube-apiserver on loopback, with a token for an admin
+    /// (system:masters), as envtest starts them; then upstream's CRDs.
+    fn real(assets: &Path) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let d = &dir.path().to_path_buf();
+        let etcd = [assets.join("etcd"), PathBuf::from("/usr/bin/etcd")]
+            .into_iter()
+            .find(|p| p.exists())
+            .expect("kube-apiserver needs etcd: none in KUBEBUILDER_ASSETS or /usr/bin (apt-get install etcd-server)");
+        let (client, peer, secure) = (free_port(), free_port(), free_port());
+        // One file for a process's stdout and stderr: (stdout, stderr).
+        let log = |name: &str| {
+            let f = std::fs::File::create(d.join(name)).unwrap();
+            (f.try_clone().unwrap(), f)
+        };
+        let (out, err) = log("etcd.log");
+        let mut procs = vec![];
+        procs.push(
+            Command::new(&etcd)
+                .args(["--name", "default", "--data-dir"])
+                .arg(d.join("etcd"))
+                .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+                .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+                .arg(format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+                ))
+                .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer}"))
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                .spawn()
+                .expect("start etcd"),
+        );
+        let key = d.join("sa.key");
+        let o = Command::new("openssl")
+            .args(["genrsa", "-out"])
+            .arg(&key)
+            .arg("2048")
+            .output()
+            .expect("openssl");
+        assert!(
+            o.status.success(),
+            "openssl genrsa: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let token = format!("tb-{}", rand_u32());
+        std::fs::write(
+            d.join("tokens.csv"),
+            format!("{token},admin,admin,system:masters\n"),
+        )
+        .unwrap();
+        let (out, err) = log("kube-apiserver.log");
+        procs.push(
+            Command::new(assets.join("kube-apiserver"))
+                .arg(format!("--etcd-servers=http://127.0.0.1:{client}"))
+                .arg(format!("--cert-dir={}", d.join("certs").display()))
+                .arg(format!("--secure-port={secure}"))
+                .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+                .args([
+                    "--service-cluster-ip-range=10.0.0.0/24",
+                    "--allow-privileged=true",
+                ])
+                .arg("--service-account-issuer=https://kubernetes.default.svc")
+                .arg(format!("--service-account-key-file={}", key.display()))
+                .arg(format!(
+                    "--service-account-signing-key-file={}",
+                    key.display()
+                ))
+                .arg(format!(
+                    "--token-auth-file={}",
+                    d.join("tokens.csv").display()
+                ))
+                .args([
+                    "--authorization-mode=RBAC",
+                    "--disable-admission-plugins=ServiceAccount",
+                ])
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                .spawn()
+                .expect("start kube-apiserver"),
+        );
+        let kubeconfig = d.join("kubeconfig");
+        // Loopback and a certificate the API server made for itself.
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: envtest\n  cluster: {{server: \"https://127.0.0.1:{secure}\", insecure-skip-tls-verify: true}}\n\
+                 users:\n- name: admin\n  user: {{token: {token}}}\ncontexts:\n- name: envtest\n  context: {{cluster: envtest, user: admin, namespace: default}}\n\
+                 current-context: envtest\n"
+            ),
+        )
+        .unwrap();
+        let mut c = Cluster {
+            procs,
+            kubeconfig,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let o = c.kubectl_output(&["get", "--raw", "/readyz"], None);
+            if o.status.success() {
+                break;
+            }
+            let log = std::fs::read_to_string(d.join("kube-apiserver.log")).unwrap_or_default();
+            if Instant::now() > deadline
+                || c.procs
+                    .iter_mut()
+                    .any(|p| !matches!(p.try_wait(), Ok(None)))
+            {
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                panic!(
+                    "kube-apiserver exited or not ready within 90 s; its log, last lines first:\n{}",
+                    tail.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+        c.kubectl(
+            &["apply", "--server-side", "-f", crds.to_str().unwrap()],
+            None,
+        );
+        c.kubectl(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "crd",
+                "--all",
+                "--timeout=60s",
+            ],
+            None,
+        );
+        let version = c.kubectl(&["version", "-o", "json"], None);
+        let v: Value = serde_json::from_str(&version).unwrap_or(Value::Null);
+        eprintln!(
+            "kube: running against kube-apiserver {} from {} on {}",
+            v["serverVersion"]["gitVersion"].as_str().unwrap_or("?"),
+            assets.display(),
+            etcd.display()
+        );
+        c
     }
 
     pub(crate) fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
@@ -114,9 +272,12 @@ impl Cluster {
         child.wait_with_output().unwrap()
     }
 
+    /// Stop the API server (etcd, if any, goes with it).
     fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        while let Some(mut p) = self.procs.pop() {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! `tinkerbox kube install-crds` and `tinkerbox kube rbac` against an API
 //! server, with kubectl as the independent reader.
 //!
-//! The peer is kmock (`tests/kube/kmock-server`), as in `kube.rs`: it stores
+//! The peer is always kmock (`Cluster::kmock`, `tests/kube/kmock-server`): it stores
 //! CRDs and RBAC objects but never sets a CRD's conditions, validates no
 //! schema and enforces no RBAC. So these tests show what is sent and that
 //! kubectl reads it as meant; not that a real API server accepts every
@@ -100,7 +100,7 @@ fn lines(prefix_suffix: &str) -> Vec<String> {
 
 #[test]
 fn kube_cli_install_crds_applies_upstreams_schemas_and_is_idempotent() {
-    let k = Kmock::start();
+    let k = Kmock::kmock();
 
     // kmock never sets Established: applied, a warning each, exit 0.
     let (o, out, err) = k.install_crds(&["--wait-timeout", "1s"]);
@@ -310,7 +310,7 @@ fn yaml_values(y: &str) -> Vec<Value> {
 
 #[test]
 fn kube_cli_rbac_output_is_what_kubectl_takes() {
-    let k = Kmock::start();
+    let k = Kmock::kmock();
 
     // Cluster-wide, both controllers native (the defaults).
     let d = rbac_through_kubectl(

@@ -67,15 +67,18 @@ pub fn kind_name(kind: Kind) -> &'static str {
 /// Rufio's Secrets hold `username` and `password`; any other Secret in the
 /// namespace (tokens, certificates) is none of tinkerbox's business and is
 /// never stored.
-/// A Task a Job owns is one of that Job's steps: with Rufio native it is
-/// this instance's record of its own work (the Job runs the action), not a
-/// Task to run again.
+/// With Rufio native: a Task a Job owns is one of that Job's steps, this
+/// instance's record of its own work (the Job runs the action), not a Task
+/// to run again; a Job or Task marked `tinkerbell.org/disabled` is left
+/// alone (not run, no status written) until the mark goes.
 fn wanted(kind: Kind, doc: &Value, rufio_external: bool) -> bool {
+    let left_alone = || !rufio_external && crate::kinds::disabled(doc).is_some();
     match kind {
         Kind::Secret => {
             doc.pointer("/data/username").is_some() && doc.pointer("/data/password").is_some()
         }
-        Kind::Task => rufio_external || !super::convert::owned_by_job(doc),
+        Kind::Task => rufio_external || !(super::convert::owned_by_job(doc) || left_alone()),
+        Kind::Job => !left_alone(),
         _ => true,
     }
 }
@@ -410,7 +413,7 @@ mod tests {
     }
 
     #[test]
-    fn only_rufios_secrets_and_tasks_nobody_runs_as_a_job_step_are_stored() {
+    fn only_rufios_secrets_and_the_jobs_and_tasks_to_run_are_stored() {
         let creds = json!({"data": {"username": "YQ==", "password": "Yg=="}});
         assert!(wanted(Kind::Secret, &creds, false));
         assert!(!wanted(
@@ -430,5 +433,15 @@ mod tests {
             false
         ));
         assert!(wanted(Kind::Hardware, &json!({}), false));
+        // Marked disabled: left alone while Rufio is native.
+        let off = json!({"metadata": {"name": "j", "annotations": {"tinkerbell.org/disabled": "by hand"}}});
+        assert!(!wanted(Kind::Job, &off, false));
+        assert!(!wanted(Kind::Task, &off, false));
+        assert!(wanted(Kind::Job, &off, true));
+        assert!(wanted(
+            Kind::Job,
+            &json!({"metadata": {"name": "j"}}),
+            false
+        ));
     }
 }
