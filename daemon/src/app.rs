@@ -51,17 +51,23 @@ impl App {
 
     pub fn script_settings(&self) -> crate::ipxe::ScriptSettings {
         let h = &self.config.http;
+        let supervised = self.kube.as_ref().and_then(|k| k.tink_address.get());
         crate::ipxe::ScriptSettings {
             http_base: self.http_base(),
             syslog_host: self.public_ip.to_string(),
-            // An external Tink server when one is configured, else ours.
-            tink_server: h.tink_server.clone().unwrap_or_else(|| {
-                format!("{}:{}", self.public_ip, self.config.tink.listen.port())
-            }),
-            tink_tls: if h.tink_server.is_some() {
-                h.tink_server_tls
-            } else {
-                self.config.tink.tls()
+            // An external Tink server when one is configured, else the one
+            // the supervisor runs (kube mode), else ours.
+            tink_server: h
+                .tink_server
+                .clone()
+                .or_else(|| supervised.as_ref().map(|(a, _)| a.clone()))
+                .unwrap_or_else(|| {
+                    format!("{}:{}", self.public_ip, self.config.tink.listen.port())
+                }),
+            tink_tls: match (&h.tink_server, &supervised) {
+                (Some(_), _) => h.tink_server_tls,
+                (None, Some((_, tls))) => *tls,
+                (None, None) => self.config.tink.tls(),
             },
             extra_kernel_args: h.extra_kernel_args.clone(),
         }

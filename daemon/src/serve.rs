@@ -48,8 +48,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // The runner moves in: it holds an event sender, and the event
         // writer ends only when the last one is gone.
         let (app, poll) = (app.clone(), config.bmc.poll_interval);
+        let supervisor = client.clone().map(|client| crate::kube::supervisor::run::Supervisor {
+            client,
+            roles: crate::kube::rbac::Roles {
+                tink: config.kube.tink,
+                rufio: config.kube.rufio,
+            },
+            events: app.events.clone(),
+        });
         move || {
             let mut t = vec![];
+            // Kube mode: the leader supervises the cluster's Tinkerbell
+            // resources (Tink and Rufio when they are external).
+            if let Some(s) = &supervisor {
+                t.push(tokio::spawn(s.clone().run()));
+            }
             if tink {
                 let engine =
                     crate::workflow::engine::Engine::new(app.store.clone(), app.services.clone());
@@ -101,6 +114,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     &crate::kube::mirror::kinds(&config.kube),
                 ),
             );
+            kube_tasks.push(tokio::spawn(crate::kube::supervisor::run::follow(
+                client.clone(),
+                sync.tink_address.clone(),
+            )));
             lead_task = Some(tokio::spawn(crate::kube::lead::run(
                 client,
                 config.kube.lease_namespace(),

@@ -53,6 +53,10 @@ pub enum Kind {
     /// or stopped).
     #[serde(rename = "kube.leader")]
     KubeLeader,
+    /// The supervisor acted on a `Tinkerbell` resource (created, repaired,
+    /// migrated, refused, removed).
+    #[serde(rename = "kube.supervisor")]
+    KubeSupervisor,
     #[serde(rename = "dhcp.offer")]
     DhcpOffer,
     #[serde(rename = "dhcp.ack")]
@@ -122,6 +126,7 @@ impl Kind {
             Kind::KubeSynced => "kube.synced",
             Kind::KubeDisconnected => "kube.disconnected",
             Kind::KubeLeader => "kube.leader",
+            Kind::KubeSupervisor => "kube.supervisor",
             Kind::DhcpOffer => "dhcp.offer",
             Kind::DhcpAck => "dhcp.ack",
             Kind::DhcpNak => "dhcp.nak",

@@ -38,7 +38,7 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 const RESOURCE: &str = "customresourcedefinition.apiextensions.k8s.io";
 
 /// The embedded files, in the order they are applied: file name, contents.
-const FILES: [(&str, &str); 6] = [
+const FILES: [(&str, &str); 7] = [
     (
         "tinkerbell.org_hardware.yaml",
         include_str!("../../crds/tinkerbell.org_hardware.yaml"),
@@ -62,6 +62,11 @@ const FILES: [(&str, &str); 6] = [
     (
         "bmc.tinkerbell.org_tasks.yaml",
         include_str!("../../crds/bmc.tinkerbell.org_tasks.yaml"),
+    ),
+    // tinkerbox's own: the supervisor's `Tinkerbell` resource.
+    (
+        "tinkerbox.io_tinkerbells.yaml",
+        include_str!("../../crds/tinkerbox.io_tinkerbells.yaml"),
     ),
 ];
 
@@ -367,7 +372,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn the_embedded_crds_are_tinkerbells_six() {
+    fn the_embedded_crds_are_tinkerbells_six_and_the_supervisors() {
         let crds = embedded().unwrap();
         let names: Vec<&str> = crds.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(
@@ -379,6 +384,7 @@ mod tests {
                 "machines.bmc.tinkerbell.org",
                 "jobs.bmc.tinkerbell.org",
                 "tasks.bmc.tinkerbell.org",
+                "tinkerbells.tinkerbox.io",
             ]
         );
         for c in &crds {
@@ -407,11 +413,16 @@ mod tests {
         for c in &crds {
             assert!(y.contains(c.yaml), "{}", c.file);
         }
-        assert_eq!(y.matches("kind: CustomResourceDefinition").count(), 6);
-        // Six YAML documents, each the file's.
+        assert_eq!(y.matches("kind: CustomResourceDefinition").count(), 7);
+        // Seven YAML documents, each the file's.
         let docs: Vec<Value> = serde_saphyr::from_multiple(&y).unwrap();
-        assert_eq!(docs.len(), 6);
-        assert_eq!(docs[5], crds[5].doc);
+        assert_eq!(docs.len(), 7);
+        assert_eq!(docs[6], crds[6].doc);
+        // The anchors in tinkerbox's own are resolved: one schema for all
+        // three components.
+        let spec = &docs[6]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        assert_eq!(spec["rufio"], spec["tinkServer"]);
+        assert!(spec["rufio"]["properties"]["replicas"].is_object());
     }
 
     #[test]

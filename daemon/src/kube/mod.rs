@@ -25,6 +25,7 @@ pub mod mirror;
 #[cfg(test)]
 mod mock;
 pub mod rbac;
+pub mod supervisor;
 pub mod writer;
 
 use crate::hardware::Key;
@@ -66,6 +67,8 @@ pub struct Sync {
     state: Mutex<SyncState>,
     /// Whether this instance holds the leader Lease.
     pub leading: lead::Leading,
+    /// The supervised tink-server's address, for the iPXE scripts.
+    pub tink_address: std::sync::Arc<supervisor::run::Address>,
 }
 
 struct SyncState {
@@ -102,6 +105,7 @@ impl Sync {
                 error: None,
             }),
             leading: lead::Leading::default(),
+            tink_address: Default::default(),
         }
     }
 

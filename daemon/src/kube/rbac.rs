@@ -106,9 +106,65 @@ pub const RUFIO_NATIVE: &[Grant] = &[
     },
 ];
 
+/// Tink or Rufio external: the supervisor deploys them from a `Tinkerbell`
+/// resource (`kube::supervisor`), so it makes and repairs what a chart
+/// would, and migrates Workflows between releases. Granting a Role needs
+/// the permissions in it, or `bind`/`escalate` (held here: the supervisor
+/// grants Tink and Rufio theirs).
+pub const SUPERVISOR: &[Grant] = &[
+    Grant {
+        group: "tinkerbox.io",
+        resources: &["tinkerbells"],
+        verbs: &["get", "list", "watch", "update", "patch"],
+    },
+    Grant {
+        group: "tinkerbox.io",
+        resources: &["tinkerbells/status", "tinkerbells/finalizers"],
+        verbs: WRITE,
+    },
+    Grant {
+        group: "apps",
+        resources: &["deployments"],
+        verbs: ALL,
+    },
+    Grant {
+        group: "",
+        resources: &["services", "serviceaccounts"],
+        verbs: ALL,
+    },
+    Grant {
+        group: "",
+        resources: &["namespaces"],
+        verbs: &["get", "create", "patch"],
+    },
+    Grant {
+        group: "rbac.authorization.k8s.io",
+        resources: &["roles", "rolebindings", "clusterroles", "clusterrolebindings"],
+        verbs: &["get", "list", "watch", "create", "update", "patch", "delete", "bind", "escalate"],
+    },
+    Grant {
+        group: "apiextensions.k8s.io",
+        resources: &["customresourcedefinitions"],
+        verbs: &["get", "create", "update", "patch", "delete"],
+    },
+    // A migration keeps and converts Workflows.
+    Grant {
+        group: "tinkerbell.org",
+        resources: &["workflows", "workflows/status"],
+        verbs: WRITE,
+    },
+    Grant {
+        group: "events.k8s.io",
+        resources: &["events"],
+        verbs: &["create", "patch"],
+    },
+];
+
+const ALL: &[&str] = &["get", "list", "watch", "create", "update", "patch", "delete"];
+
 /// The order verbs are printed in (kubectl's habit: reads, then writes).
 const VERB_ORDER: &[&str] = &[
-    "get", "list", "watch", "create", "update", "patch", "delete",
+    "get", "list", "watch", "create", "update", "patch", "delete", "bind", "escalate",
 ];
 
 /// The roles tinkerbox plays.
@@ -135,6 +191,9 @@ pub fn grants(roles: Roles) -> Vec<&'static Grant> {
     }
     if roles.rufio == Mode::Native {
         g.extend(RUFIO_NATIVE);
+    }
+    if roles.tink == Mode::External || roles.rufio == Mode::External {
+        g.extend(SUPERVISOR);
     }
     g
 }
@@ -391,23 +450,36 @@ mod tests {
         ]
     }
 
+    /// A table as `set` takes it.
+    fn table(t: &[Grant]) -> Vec<(&'static str, &'static [&'static str], &'static [&'static str])> {
+        t.iter().map(|g| (g.group, g.resources, g.verbs)).collect()
+    }
+
     #[test]
-    fn external_external_only_reads_but_leases_and_events() {
+    fn external_external_only_reads_the_mirror_and_supervises() {
         let r = rules(roles(Mode::External, Mode::External));
-        assert_eq!(allowed(&r), set(&base()));
+        let mut want = base();
+        want.extend(table(SUPERVISOR));
+        assert_eq!(allowed(&r), set(&want));
         for (g, res, verb) in allowed(&r) {
             let write = !READ.contains(&verb.as_str());
+            let supervisor = SUPERVISOR
+                .iter()
+                .any(|s| s.group == g && s.resources.contains(&res.as_str()) && s.verbs.contains(&verb.as_str()));
             assert!(
-                !write || res == "leases" || res == "events",
+                !write || res == "leases" || res == "events" || supervisor,
                 "{g}/{res} {verb}"
             );
         }
+        // Native both: nothing to supervise.
+        assert!(!allows(&rules(Roles::default()), "apps", "deployments", "create"));
     }
 
     #[test]
     fn tink_native_adds_workflow_status_allowpxe_and_netboot_jobs() {
         let r = rules(roles(Mode::Native, Mode::External));
         let mut want = base();
+        want.extend(table(SUPERVISOR));
         want.extend([
             (TB, &["workflows/status"][..], WRITE),
             (TB, &["hardware", "hardware/status"][..], WRITE),
@@ -415,7 +487,7 @@ mod tests {
         ]);
         assert_eq!(allowed(&r), set(&want));
         assert!(allows(&r, TB, "hardware", "patch"));
-        assert!(!allows(&r, TB, "workflows", "patch"), "status only");
+        assert!(!allows(&r, TB, "hardware", "create"), "nobody's");
         assert!(!allows(&r, BMC, "tasks", "create"), "rufio's");
         assert!(!allows(&r, BMC, "machines/status", "update"), "rufio's");
     }
@@ -424,6 +496,7 @@ mod tests {
     fn rufio_native_adds_bmc_status_tasks_and_finalizers() {
         let r = rules(roles(Mode::External, Mode::Native));
         let mut want = base();
+        want.extend(table(SUPERVISOR));
         want.extend([
             (
                 BMC,
@@ -440,17 +513,16 @@ mod tests {
         assert_eq!(allowed(&r), set(&want));
         assert!(!allows(&r, TB, "hardware", "patch"), "tink's");
         assert!(!allows(&r, BMC, "jobs", "create"), "tink's");
-        assert!(!allows(&r, TB, "workflows/status", "update"), "tink's");
+        // (workflows/status is the supervisor's too: a migration.)
     }
 
     #[test]
     fn native_native_is_the_union_and_reads_as_few_rules() {
         let r = rules(Roles::default());
-        let mut want = set(&base());
-        want.extend(allowed(&rules(roles(Mode::Native, Mode::External))));
-        want.extend(allowed(&rules(roles(Mode::External, Mode::Native))));
-        want.sort();
-        want.dedup();
+        let mut want = base();
+        want.extend(table(TINK_NATIVE));
+        want.extend(table(RUFIO_NATIVE));
+        let want = set(&want);
         assert_eq!(allowed(&r), want);
         // Nothing anywhere is a wildcard, deletes a collection, or touches
         // anything but the listed groups.
