@@ -214,6 +214,14 @@ enum KubeCommand {
         #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
         wait_timeout: std::time::Duration,
     },
+    /// What the supervisor runs on the cluster (Tinkerbell resources): versions, components, health
+    Status {
+        /// Kubeconfig file [default: the config's kube.kubeconfig, else in-cluster, $KUBECONFIG, ~/.kube/config]
+        #[arg(long, value_name = "PATH")]
+        kubeconfig: Option<PathBuf>,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Print the ServiceAccount and (Cluster)Role and binding tinkerbox needs, as YAML for kubectl apply
     Rbac {
         /// The one namespace mirrored (a Role and RoleBinding) [default: every namespace, a ClusterRole and ClusterRoleBinding]
@@ -526,6 +534,19 @@ async fn kube(args: &Args, command: &KubeCommand) -> anyhow::Result<()> {
                 wait: *wait_timeout,
             };
             crds::install(&opts, &mut std::io::stdout(), &mut std::io::stderr()).await
+        }
+        KubeCommand::Status { kubeconfig, output } => {
+            use tinkerbox::kube::supervisor::view;
+            let sources = Sources {
+                path: args.config.clone(),
+                overrides: vec![],
+            };
+            let items = view::fetch(&crds::kube_config(kubeconfig.clone(), &sources)?).await?;
+            match output {
+                Output::Json => print(&(serde_json::to_string_pretty(&items)? + "\n")),
+                Output::Yaml => print(&serde_saphyr::to_string(&items)?),
+                Output::Table | Output::Wide => print(&view::table(&items)),
+            }
         }
         KubeCommand::Rbac {
             namespace,

@@ -292,7 +292,7 @@ fn kube_daemon(c: &Cluster) -> Daemon {
 }
 
 /// With more `[kube]` keys (`extra`: TOML lines).
-fn kube_daemon_with(c: &Cluster, extra: &str) -> Daemon {
+pub(crate) fn kube_daemon_with(c: &Cluster, extra: &str) -> Daemon {
     let boot = format!(
         "{NO_BOOT}[kube]\nenabled = true\nkubeconfig = {:?}\n{extra}",
         c.kubeconfig
@@ -304,7 +304,7 @@ fn kube_daemon_with(c: &Cluster, extra: &str) -> Daemon {
 }
 
 /// Poll `f` every 20 ms until it is true, for at most `secs`.
-fn until(secs: u64, what: &str, d: &Daemon, mut f: impl FnMut() -> bool) {
+pub(crate) fn until(secs: u64, what: &str, d: &Daemon, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while Instant::now() < deadline {
         if f() {

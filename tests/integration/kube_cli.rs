@@ -15,7 +15,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The CRD files shipped in the repository, in the order they are applied.
-const FILES: [(&str, &str); 6] = [
+const FILES: [(&str, &str); 7] = [
     ("hardware.tinkerbell.org", "tinkerbell.org_hardware.yaml"),
     ("templates.tinkerbell.org", "tinkerbell.org_templates.yaml"),
     ("workflows.tinkerbell.org", "tinkerbell.org_workflows.yaml"),

@@ -12,12 +12,14 @@
 //! - `run`: the controller that applies, repairs, prunes, migrates, writes
 //!   status and events, and cleans up behind a finalizer; and the watch
 //!   every instance runs for the gRPC address agents are given.
+//! - `view`: `tinkerbox kube status`.
 
 pub mod desired;
 pub mod migrate;
 pub mod release;
 pub mod run;
 pub mod spec;
+pub mod view;
 
 use serde::Serialize;
 

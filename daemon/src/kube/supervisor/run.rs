@@ -641,8 +641,8 @@ async fn cleanup(ctx: &Ctx, obj: &DynamicObject) -> Result<(), Error> {
     Ok(())
 }
 
-/// The release's CRDs, server-side applied (force: the supervisor owns
-/// them from now on).
+/// The release's CRDs: created by server-side apply, or replaced where
+/// they differ (the supervisor owns them from now on).
 async fn apply_crds(ctx: &Ctx, plan: &Plan) -> Result<(), Error> {
     let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &crd_resource());
     for (file, yaml) in plan.release.crds {
@@ -652,16 +652,30 @@ async fn apply_crds(ctx: &Ctx, plan: &Plan) -> Result<(), Error> {
             .pointer("/metadata/name")
             .and_then(Value::as_str)
             .ok_or_else(|| Error::Failed(format!("crds/{file}: no name")))?;
-        if let Some(live) = get_opt(&api, name).await?
-            && desired::holds(&serde_json::to_value(&live).unwrap_or_default(), &doc)
-        {
-            continue;
+        match get_opt(&api, name).await? {
+            Some(live) if desired::holds(&serde_json::to_value(&live).unwrap_or_default(), &doc) => {}
+            // Replaced whole, not applied: an apply keeps the fields other
+            // managers own, and another release's schema (v0.12's
+            // `worker`, say) must not survive in this one's.
+            Some(live) => {
+                let mut body = doc.clone();
+                body["metadata"]["resourceVersion"] = json!(live.metadata.resource_version);
+                let obj: DynamicObject = serde_json::from_value(body)
+                    .map_err(|e| Error::Failed(format!("crds/{file}: {e}")))?;
+                call(
+                    &format!("replacing CRD {name}"),
+                    api.replace(name, &kube::api::PostParams::default(), &obj),
+                )
+                .await?;
+            }
+            None => {
+                call(
+                    &format!("applying CRD {name}"),
+                    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&doc)),
+                )
+                .await?;
+            }
         }
-        call(
-            &format!("applying CRD {name}"),
-            api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&doc)),
-        )
-        .await?;
     }
     Ok(())
 }
