@@ -48,14 +48,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // The runner moves in: it holds an event sender, and the event
         // writer ends only when the last one is gone.
         let (app, poll) = (app.clone(), config.bmc.poll_interval);
-        let supervisor = client.clone().map(|client| crate::kube::supervisor::run::Supervisor {
-            client,
-            roles: crate::kube::rbac::Roles {
-                tink: config.kube.tink,
-                rufio: config.kube.rufio,
-            },
-            events: app.events.clone(),
-        });
+        let supervisor = client
+            .clone()
+            .map(|client| crate::kube::supervisor::run::Supervisor {
+                client,
+                roles: crate::kube::rbac::Roles {
+                    tink: config.kube.tink,
+                    rufio: config.kube.rufio,
+                },
+                events: app.events.clone(),
+            });
         move || {
             let mut t = vec![];
             // Kube mode: the leader supervises the cluster's Tinkerbell

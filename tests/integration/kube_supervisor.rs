@@ -29,7 +29,13 @@ fn owned(c: &Cluster, owner: &str) -> Vec<String> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|o| format!("{}/{}", o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap()))
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap()
+            )
+        })
         .collect();
     out.sort();
     out
@@ -99,14 +105,19 @@ const EXPECTED: [&str; 17] = [
 #[test]
 fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
     let c = Cluster::start();
-    apply(&c, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: tink\n");
+    apply(
+        &c,
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: tink\n",
+    );
     let d = kube_daemon_with(&c, EXTERNAL);
     // A machine, so that its iPXE script shows where agents are sent.
-    let hw = hw_doc("m1", "52:54:00:7c:00:01", "10.7.0.1").replace("namespace: default", "namespace: tink");
+    let hw = hw_doc("m1", "52:54:00:7c:00:01", "10.7.0.1")
+        .replace("namespace: default", "namespace: tink");
     apply(&c, &hw);
     until(20, "the mirror", &d, || d.all_hardware().len() == 1);
     until(30, "leading", &d, || {
-        String::from_utf8_lossy(&d.curl(&["-s", &d.url("/healthz")]).stdout).contains("kube: leader")
+        String::from_utf8_lossy(&d.curl(&["-s", &d.url("/healthz")]).stdout)
+            .contains("kube: leader")
     });
 
     // Applied: everything a chart would make, timed from the apply.
@@ -114,7 +125,12 @@ fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
     apply(&c, STACK);
     let deadline = t0 + Duration::from_secs(60);
     while owned(&c, "stack") != EXPECTED {
-        assert!(Instant::now() < deadline, "objects: {:?}\n{}", owned(&c, "stack"), d.log());
+        assert!(
+            Instant::now() < deadline,
+            "objects: {:?}\n{}",
+            owned(&c, "stack"),
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     eprintln!(
@@ -125,24 +141,42 @@ fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
     assert_eq!(image(&c, "rufio"), "ghcr.io/tinkerbell/tinkerbell:v0.25.0");
     let rufio = json(&c, &["get", "deployment", "rufio", "-n", NS]);
     let env = rufio["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
-    assert!(env.contains("TINKERBELL_ENABLE_RUFIO_CONTROLLER") && env.contains("TINKERBELL_ENABLE_SMEE"), "{env}");
+    assert!(
+        env.contains("TINKERBELL_ENABLE_RUFIO_CONTROLLER")
+            && env.contains("TINKERBELL_ENABLE_SMEE"),
+        "{env}"
+    );
     let tb = tinkerbell(&c, "stack");
-    assert_eq!(rufio["metadata"]["ownerReferences"][0]["uid"], tb["metadata"]["uid"]);
+    assert_eq!(
+        rufio["metadata"]["ownerReferences"][0]["uid"],
+        tb["metadata"]["uid"]
+    );
     assert_eq!(tb["metadata"]["finalizers"][0], "tinkerbox.io/supervisor");
 
     // The status: what runs, honestly not available (no pod ever starts).
-    until(30, "the status", &d, || tinkerbell(&c, "stack")["status"]["version"] == "v0.25.0");
+    until(30, "the status", &d, || {
+        tinkerbell(&c, "stack")["status"]["version"] == "v0.25.0"
+    });
     let tb = tinkerbell(&c, "stack");
     let st = &tb["status"];
     assert_eq!(st["observedGeneration"], tb["metadata"]["generation"]);
     assert_eq!(st["grpcAddress"], "10.99.0.7:42113");
     assert_eq!(condition(&tb, "Reconciled").unwrap().0, "True");
     let (avail, reason, msg) = condition(&tb, "Available").unwrap();
-    assert_eq!((avail.as_str(), reason.as_str()), ("False", "ComponentsUnavailable"), "{msg}");
+    assert_eq!(
+        (avail.as_str(), reason.as_str()),
+        ("False", "ComponentsUnavailable"),
+        "{msg}"
+    );
     assert!(msg.contains("0 of 1 replicas available"), "{msg}");
     let comps = st["components"].as_array().unwrap();
     assert_eq!(comps.len(), 3);
-    assert!(comps.iter().all(|c| c["conditions"][0]["status"] == "False"), "{comps:?}");
+    assert!(
+        comps
+            .iter()
+            .all(|c| c["conditions"][0]["status"] == "False"),
+        "{comps:?}"
+    );
 
     // Every instance sends agents to the supervised tink-server.
     until(20, "the iPXE script follows", &d, || {
@@ -152,8 +186,14 @@ fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
 
     // The CLI view.
     let view = d.cli_ok(&["kube", "status"]);
-    assert!(view.contains("Tinkerbell tink/stack: wanted newest, running v0.25.0"), "{view}");
-    assert!(view.contains("Available=False ComponentsUnavailable"), "{view}");
+    assert!(
+        view.contains("Tinkerbell tink/stack: wanted newest, running v0.25.0"),
+        "{view}"
+    );
+    assert!(
+        view.contains("Available=False ComponentsUnavailable"),
+        "{view}"
+    );
     assert!(view.contains("rufio") && view.contains("0/1"), "{view}");
     let j: Value = serde_json::from_str(&d.cli_ok(&["kube", "status", "-o", "json"])).unwrap();
     assert_eq!(j[0]["status"]["version"], "v0.25.0");
@@ -161,10 +201,29 @@ fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
     // Drift: a deleted Deployment comes back; an edited image is put back;
     // what someone else added stays.
     c.kubectl(&["delete", "deployment", "tink-server", "-n", NS], None);
-    c.kubectl(&["annotate", "deployment", "rufio", "-n", NS, "example.com/note=kept"], None);
     c.kubectl(
-        &["patch", "deployment", "rufio", "-n", NS, "--type", "merge", "-p",
-          r#"{"spec":{"replicas":5}}"#],
+        &[
+            "annotate",
+            "deployment",
+            "rufio",
+            "-n",
+            NS,
+            "example.com/note=kept",
+        ],
+        None,
+    );
+    c.kubectl(
+        &[
+            "patch",
+            "deployment",
+            "rufio",
+            "-n",
+            NS,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"replicas":5}}"#,
+        ],
         None,
     );
     until(30, "the drift repaired", &d, || {
@@ -175,14 +234,25 @@ fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
     assert_eq!(r["metadata"]["annotations"]["example.com/note"], "kept");
     until(20, "the events", &d, || {
         let e = event_reasons(&c);
-        ["Created", "Recreated", "Repaired"].iter().all(|r| e.iter().any(|x| x == r))
+        ["Created", "Recreated", "Repaired"]
+            .iter()
+            .all(|r| e.iter().any(|x| x == r))
     });
 
     // A spec change: one namespace only -> Roles instead of ClusterRoles
     // (the ClusterRoles pruned), a component disabled -> gone.
     c.kubectl(
-        &["patch", "tinkerbells.tinkerbox.io", "stack", "-n", NS, "--type", "merge", "-p",
-          r#"{"spec":{"scope":"Namespace","tinkServer":{"args":["--log-level=1"]}}}"#],
+        &[
+            "patch",
+            "tinkerbells.tinkerbox.io",
+            "stack",
+            "-n",
+            NS,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"scope":"Namespace","tinkServer":{"args":["--log-level=1"]}}}"#,
+        ],
         None,
     );
     until(30, "roles instead of cluster roles", &d, || {
@@ -191,20 +261,45 @@ fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
     });
     let ts = json(&c, &["get", "deployment", "tink-server", "-n", NS]);
     let env = ts["spec"]["template"]["spec"]["containers"][0].to_string();
-    assert!(env.contains("TINKERBELL_BACKEND_KUBE_NAMESPACE") && env.contains("--log-level=1"), "{env}");
+    assert!(
+        env.contains("TINKERBELL_BACKEND_KUBE_NAMESPACE") && env.contains("--log-level=1"),
+        "{env}"
+    );
 
     // Removal: everything made goes (the cluster-scoped ones by the
     // finalizer); the namespace, the CRDs and the user's objects stay.
-    c.kubectl(&["delete", "tinkerbells.tinkerbox.io", "stack", "-n", NS, "--wait=false"], None);
+    c.kubectl(
+        &[
+            "delete",
+            "tinkerbells.tinkerbox.io",
+            "stack",
+            "-n",
+            NS,
+            "--wait=false",
+        ],
+        None,
+    );
     until(30, "removed", &d, || {
         owned(&c, "stack").is_empty()
             && !c
-                .kubectl(&["get", "tinkerbells.tinkerbox.io", "-n", NS, "-o", "name"], None)
+                .kubectl(
+                    &["get", "tinkerbells.tinkerbox.io", "-n", NS, "-o", "name"],
+                    None,
+                )
                 .contains("stack")
     });
-    assert!(c.kubectl(&["get", "crd", "-o", "name"], None).contains("workflows.tinkerbell.org"));
-    assert!(c.kubectl(&["get", "hardware", "-n", NS, "-o", "name"], None).contains("m1"));
-    assert!(c.kubectl(&["get", "namespace", "-o", "name"], None).contains("namespace/tink"));
+    assert!(
+        c.kubectl(&["get", "crd", "-o", "name"], None)
+            .contains("workflows.tinkerbell.org")
+    );
+    assert!(
+        c.kubectl(&["get", "hardware", "-n", NS, "-o", "name"], None)
+            .contains("m1")
+    );
+    assert!(
+        c.kubectl(&["get", "namespace", "-o", "name"], None)
+            .contains("namespace/tink")
+    );
 }
 
 /// A v0.12 Workflow with the status tink v0.12.2's controller writes.
@@ -221,23 +316,52 @@ fn v012_workflow(name: &str, state: &str) -> (String, String) {
 #[test]
 fn supervisor_migrates_v012_workflows_on_upgrade_and_refuses_what_it_cannot() {
     let c = Cluster::start();
-    apply(&c, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: tink\n");
+    apply(
+        &c,
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: tink\n",
+    );
     // A cluster as tink v0.12.2 left it: its Workflow CRD, and Workflows
     // with its status shape.
-    let v012 = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/v0.12/tinkerbell.org_workflows.yaml");
+    let v012 =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/v0.12/tinkerbell.org_workflows.yaml");
     c.kubectl(
-        &["apply", "--server-side", "--force-conflicts", "-f", v012.to_str().unwrap()],
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            v012.to_str().unwrap(),
+        ],
         None,
     );
     let _ = c.kubectl_output(
-        &["wait", "--for=condition=Established", "crd/workflows.tinkerbell.org", "--timeout=30s"],
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/workflows.tinkerbell.org",
+            "--timeout=5s",
+        ],
         None,
     );
-    for (name, state) in [("wf-running", "STATE_RUNNING"), ("wf-done", "STATE_SUCCESS")] {
+    for (name, state) in [
+        ("wf-running", "STATE_RUNNING"),
+        ("wf-done", "STATE_SUCCESS"),
+    ] {
         let (obj, status) = v012_workflow(name, state);
         apply(&c, &obj);
         c.kubectl(
-            &["patch", "workflow", name, "-n", NS, "--subresource=status", "--type", "merge", "-p", &status],
+            &[
+                "patch",
+                "workflow",
+                name,
+                "-n",
+                NS,
+                "--subresource=status",
+                "--type",
+                "merge",
+                "-p",
+                &status,
+            ],
             None,
         );
     }
@@ -256,17 +380,37 @@ fn supervisor_migrates_v012_workflows_on_upgrade_and_refuses_what_it_cannot() {
     // Upgrade: the Workflows are migrated first, then the Deployments roll.
     let t0 = Instant::now();
     c.kubectl(
-        &["patch", "tinkerbells.tinkerbox.io", "stack", "-n", NS, "--type", "merge", "-p",
-          r#"{"spec":{"version":"v0.25.0"}}"#],
+        &[
+            "patch",
+            "tinkerbells.tinkerbox.io",
+            "stack",
+            "-n",
+            NS,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"version":"v0.25.0"}}"#,
+        ],
         None,
     );
-    until(60, "upgraded", &d, || tinkerbell(&c, "stack")["status"]["version"] == "v0.25.0");
-    eprintln!("supervisor: v0.12.2 -> v0.25.0 with 2 Workflows migrated in {} ms", t0.elapsed().as_millis());
+    until(60, "upgraded", &d, || {
+        tinkerbell(&c, "stack")["status"]["version"] == "v0.25.0"
+    });
+    eprintln!(
+        "supervisor: v0.12.2 -> v0.25.0 with 2 Workflows migrated in {} ms",
+        t0.elapsed().as_millis()
+    );
     let tb = tinkerbell(&c, "stack");
     let (on, reason, msg) = condition(&tb, "Migrated").expect("a Migrated condition");
-    assert_eq!((on.as_str(), reason.as_str()), ("True", "WorkflowsMigrated"));
+    assert_eq!(
+        (on.as_str(), reason.as_str()),
+        ("True", "WorkflowsMigrated")
+    );
     assert!(msg.starts_with("2 Workflows migrated"), "{msg}");
-    assert_eq!(image(&c, "tink-controller"), "ghcr.io/tinkerbell/tinkerbell:v0.25.0");
+    assert_eq!(
+        image(&c, "tink-controller"),
+        "ghcr.io/tinkerbell/tinkerbell:v0.25.0"
+    );
     let wf = json(&c, &["get", "workflow", "wf-running", "-n", NS]);
     let s = &wf["status"];
     assert_eq!(s["state"], "RUNNING", "{s}");
@@ -274,21 +418,41 @@ fn supervisor_migrates_v012_workflows_on_upgrade_and_refuses_what_it_cannot() {
     assert_eq!(s["tasks"][0]["agentID"], "52:54:00:7c:00:01");
     assert_eq!(s["tasks"][0]["actions"][0]["state"], "SUCCESS");
     assert_eq!(s["tasks"][0]["actions"][0]["executionDuration"], "7s");
-    assert!(s.get("templateRending").is_none() && s["tasks"][0].get("worker").is_none(), "{s}");
     assert!(
-        wf["metadata"]["annotations"].get("tinkerbox.io/v0.12-status").is_none(),
+        s.get("templateRending").is_none() && s["tasks"][0].get("worker").is_none(),
+        "{s}"
+    );
+    assert!(
+        wf["metadata"]["annotations"]
+            .get("tinkerbox.io/v0.12-status")
+            .is_none(),
         "the kept copy is dropped once all are converted: {}",
         wf["metadata"]
     );
-    assert_eq!(json(&c, &["get", "workflow", "wf-done", "-n", NS])["status"]["state"], "SUCCESS");
+    assert_eq!(
+        json(&c, &["get", "workflow", "wf-done", "-n", NS])["status"]["state"],
+        "SUCCESS"
+    );
     // The installed CRD is the current one now.
-    let crd = c.kubectl(&["get", "crd", "workflows.tinkerbell.org", "-o", "json"], None);
+    let crd = c.kubectl(
+        &["get", "crd", "workflows.tinkerbell.org", "-o", "json"],
+        None,
+    );
     assert!(crd.contains("templateRendering") && !crd.contains("templateRending"));
 
     // Downgrade with Workflows on the cluster: refused, nothing changes.
     c.kubectl(
-        &["patch", "tinkerbells.tinkerbox.io", "stack", "-n", NS, "--type", "merge", "-p",
-          r#"{"spec":{"version":"v0.12.2"}}"#],
+        &[
+            "patch",
+            "tinkerbells.tinkerbox.io",
+            "stack",
+            "-n",
+            NS,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"version":"v0.12.2"}}"#,
+        ],
         None,
     );
     until(30, "the downgrade refused", &d, || {
@@ -296,13 +460,25 @@ fn supervisor_migrates_v012_workflows_on_upgrade_and_refuses_what_it_cannot() {
     });
     let (_, _, msg) = condition(&tinkerbell(&c, "stack"), "Reconciled").unwrap();
     assert!(msg.contains("2 Workflows"), "{msg}");
-    assert_eq!(image(&c, "tink-controller"), "ghcr.io/tinkerbell/tinkerbell:v0.25.0");
+    assert_eq!(
+        image(&c, "tink-controller"),
+        "ghcr.io/tinkerbell/tinkerbell:v0.25.0"
+    );
     assert_eq!(tinkerbell(&c, "stack")["status"]["version"], "v0.25.0");
 
     // An unknown version: refused, saying which are known.
     c.kubectl(
-        &["patch", "tinkerbells.tinkerbox.io", "stack", "-n", NS, "--type", "merge", "-p",
-          r#"{"spec":{"version":"v9.9.9"}}"#],
+        &[
+            "patch",
+            "tinkerbells.tinkerbox.io",
+            "stack",
+            "-n",
+            NS,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"version":"v9.9.9"}}"#,
+        ],
         None,
     );
     until(30, "an unknown version refused", &d, || {

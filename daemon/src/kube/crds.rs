@@ -420,7 +420,8 @@ mod tests {
         assert_eq!(docs[6], crds[6].doc);
         // The anchors in tinkerbox's own are resolved: one schema for all
         // three components.
-        let spec = &docs[6]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        let spec = &docs[6]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"];
         assert_eq!(spec["rufio"], spec["tinkServer"]);
         assert!(spec["rufio"]["properties"]["replicas"].is_object());
     }

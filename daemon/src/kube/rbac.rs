@@ -139,8 +139,15 @@ pub const SUPERVISOR: &[Grant] = &[
     },
     Grant {
         group: "rbac.authorization.k8s.io",
-        resources: &["roles", "rolebindings", "clusterroles", "clusterrolebindings"],
-        verbs: &["get", "list", "watch", "create", "update", "patch", "delete", "bind", "escalate"],
+        resources: &[
+            "roles",
+            "rolebindings",
+            "clusterroles",
+            "clusterrolebindings",
+        ],
+        verbs: &[
+            "get", "list", "watch", "create", "update", "patch", "delete", "bind", "escalate",
+        ],
     },
     Grant {
         group: "apiextensions.k8s.io",
@@ -160,7 +167,9 @@ pub const SUPERVISOR: &[Grant] = &[
     },
 ];
 
-const ALL: &[&str] = &["get", "list", "watch", "create", "update", "patch", "delete"];
+const ALL: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
 
 /// The order verbs are printed in (kubectl's habit: reads, then writes).
 const VERB_ORDER: &[&str] = &[
@@ -451,7 +460,13 @@ mod tests {
     }
 
     /// A table as `set` takes it.
-    fn table(t: &[Grant]) -> Vec<(&'static str, &'static [&'static str], &'static [&'static str])> {
+    fn table(
+        t: &[Grant],
+    ) -> Vec<(
+        &'static str,
+        &'static [&'static str],
+        &'static [&'static str],
+    )> {
         t.iter().map(|g| (g.group, g.resources, g.verbs)).collect()
     }
 
@@ -463,16 +478,23 @@ mod tests {
         assert_eq!(allowed(&r), set(&want));
         for (g, res, verb) in allowed(&r) {
             let write = !READ.contains(&verb.as_str());
-            let supervisor = SUPERVISOR
-                .iter()
-                .any(|s| s.group == g && s.resources.contains(&res.as_str()) && s.verbs.contains(&verb.as_str()));
+            let supervisor = SUPERVISOR.iter().any(|s| {
+                s.group == g
+                    && s.resources.contains(&res.as_str())
+                    && s.verbs.contains(&verb.as_str())
+            });
             assert!(
                 !write || res == "leases" || res == "events" || supervisor,
                 "{g}/{res} {verb}"
             );
         }
         // Native both: nothing to supervise.
-        assert!(!allows(&rules(Roles::default()), "apps", "deployments", "create"));
+        assert!(!allows(
+            &rules(Roles::default()),
+            "apps",
+            "deployments",
+            "create"
+        ));
     }
 
     #[test]

@@ -161,18 +161,36 @@ pub fn cluster_name(plan: &Plan, c: Component) -> String {
 pub fn objects(plan: &Plan) -> Vec<Object> {
     let mut out = vec![];
     if plan.namespace != plan.owner.namespace {
-        out.push(object(plan, ManagedKind::Namespace, &plan.namespace, None, json!({})));
+        out.push(object(
+            plan,
+            ManagedKind::Namespace,
+            &plan.namespace,
+            None,
+            json!({}),
+        ));
     }
     for (c, _) in &plan.components {
         let c = *c;
         let sa = c.name();
-        out.push(object(plan, ManagedKind::ServiceAccount, sa, Some(c), json!({})));
+        out.push(object(
+            plan,
+            ManagedKind::ServiceAccount,
+            sa,
+            Some(c),
+            json!({}),
+        ));
         let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": plan.namespace}]);
         let rules = rules_json(release::rules(c));
         match plan.scope {
             Scope::Cluster => {
                 let name = cluster_name(plan, c);
-                out.push(object(plan, ManagedKind::ClusterRole, &name, Some(c), json!({"rules": rules})));
+                out.push(object(
+                    plan,
+                    ManagedKind::ClusterRole,
+                    &name,
+                    Some(c),
+                    json!({"rules": rules}),
+                ));
                 out.push(object(
                     plan,
                     ManagedKind::ClusterRoleBinding,
@@ -183,7 +201,13 @@ pub fn objects(plan: &Plan) -> Vec<Object> {
                 ));
             }
             Scope::Namespace => {
-                out.push(object(plan, ManagedKind::Role, sa, Some(c), json!({"rules": rules})));
+                out.push(object(
+                    plan,
+                    ManagedKind::Role,
+                    sa,
+                    Some(c),
+                    json!({"rules": rules}),
+                ));
                 out.push(object(
                     plan,
                     ManagedKind::RoleBinding,
@@ -234,7 +258,13 @@ fn service(plan: &Plan) -> Object {
     if let (ServiceType::LoadBalancer, Some(ip)) = (ty, plan.public_ip) {
         spec["loadBalancerIP"] = json!(ip.to_string());
     }
-    object(plan, ManagedKind::Service, c.name(), Some(c), json!({"spec": spec}))
+    object(
+        plan,
+        ManagedKind::Service,
+        c.name(),
+        Some(c),
+        json!({"spec": spec}),
+    )
 }
 
 /// Where a component's TLS Secret is mounted.
@@ -282,8 +312,14 @@ fn container(plan: &Plan, c: Component) -> Map<String, Value> {
         },
         Profile::Single => {
             let on = |k: Component| if k == c { "true" } else { "false" };
-            let mut put = |k: &str, v: &str| env.push(json!({"name": format!("TINKERBELL_{k}"), "value": v}));
-            for off in ["ENABLE_SMEE", "ENABLE_TOOTLES", "ENABLE_SECONDSTAR", "ENABLE_UI"] {
+            let mut put =
+                |k: &str, v: &str| env.push(json!({"name": format!("TINKERBELL_{k}"), "value": v}));
+            for off in [
+                "ENABLE_SMEE",
+                "ENABLE_TOOTLES",
+                "ENABLE_SECONDSTAR",
+                "ENABLE_UI",
+            ] {
                 put(off, "false");
             }
             put("ENABLE_TINK_SERVER", on(Component::TinkServer));
@@ -443,13 +479,26 @@ pub fn component_status(c: Component, want_image: &str, d: Option<&Value>) -> Co
             ready_replicas: 0,
             updated_replicas: 0,
             conditions: vec![
-                cond("Available", false, "NotCreated", "the Deployment does not exist yet".into()),
-                cond("Progressing", true, "Creating", "the Deployment is being created".into()),
+                cond(
+                    "Available",
+                    false,
+                    "NotCreated",
+                    "the Deployment does not exist yet".into(),
+                ),
+                cond(
+                    "Progressing",
+                    true,
+                    "Creating",
+                    "the Deployment is being created".into(),
+                ),
                 cond("Degraded", false, "NotCreated", String::new()),
             ],
         };
     };
-    let want = d.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+    let want = d
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
     let ready = int(d, "/status/readyReplicas");
     let available = int(d, "/status/availableReplicas");
     let updated = int(d, "/status/updatedReplicas");
@@ -478,7 +527,12 @@ pub fn component_status(c: Component, want_image: &str, d: Option<&Value>) -> Co
     let available_c = if want == 0 {
         cond("Available", true, "ScaledToZero", "replicas is 0".into())
     } else if is_available {
-        cond("Available", true, "MinimumReplicasAvailable", format!("{available} of {want} replicas available"))
+        cond(
+            "Available",
+            true,
+            "MinimumReplicasAvailable",
+            format!("{available} of {want} replicas available"),
+        )
     } else {
         let reason = dc("Available")
             .and_then(|c| c["reason"].as_str())
@@ -502,7 +556,12 @@ pub fn component_status(c: Component, want_image: &str, d: Option<&Value>) -> Co
     let failure = dc("ReplicaFailure").filter(|c| c["status"] == "True");
     let rolling = observed < generation || updated < want || ready < want;
     let progressing = if deadline {
-        cond("Progressing", false, "ProgressDeadlineExceeded", text(dc("Progressing"), "message"))
+        cond(
+            "Progressing",
+            false,
+            "ProgressDeadlineExceeded",
+            text(dc("Progressing"), "message"),
+        )
     } else if rolling {
         cond(
             "Progressing",
@@ -516,9 +575,19 @@ pub fn component_status(c: Component, want_image: &str, d: Option<&Value>) -> Co
     let degraded = if let Some(f) = failure {
         cond("Degraded", true, "ReplicaFailure", text(Some(f), "message"))
     } else if deadline {
-        cond("Degraded", true, "ProgressDeadlineExceeded", text(dc("Progressing"), "message"))
+        cond(
+            "Degraded",
+            true,
+            "ProgressDeadlineExceeded",
+            text(dc("Progressing"), "message"),
+        )
     } else if !is_available && observed > 0 && ready < want {
-        cond("Degraded", true, "Unavailable", format!("{ready} of {want} replicas ready"))
+        cond(
+            "Degraded",
+            true,
+            "Unavailable",
+            format!("{ready} of {want} replicas ready"),
+        )
     } else {
         cond("Degraded", false, "AsExpected", String::new())
     };
@@ -575,7 +644,12 @@ mod tests {
         &objs
             .iter()
             .find(|o| o.id() == id)
-            .unwrap_or_else(|| panic!("no {id} in {:?}", objs.iter().map(Object::id).collect::<Vec<_>>()))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {id} in {:?}",
+                    objs.iter().map(Object::id).collect::<Vec<_>>()
+                )
+            })
             .body
     }
 
@@ -613,25 +687,62 @@ mod tests {
             .as_array()
             .unwrap()
             .iter()
-            .map(|e| format!("{}={}", e["name"].as_str().unwrap(), e["value"].as_str().unwrap()))
+            .map(|e| {
+                format!(
+                    "{}={}",
+                    e["name"].as_str().unwrap(),
+                    e["value"].as_str().unwrap()
+                )
+            })
             .collect();
-        assert!(env.contains(&"TINKERBELL_ENABLE_RUFIO_CONTROLLER=true".into()), "{env:?}");
-        assert!(env.contains(&"TINKERBELL_ENABLE_TINK_SERVER=false".into()), "{env:?}");
-        assert!(env.contains(&"TINKERBELL_ENABLE_SMEE=false".into()), "{env:?}");
-        assert!(env.contains(&"TINKERBELL_ENABLE_CRD_MIGRATIONS=false".into()), "{env:?}");
-        assert!(env.contains(&"TINKERBELL_PUBLIC_IPV4=10.1.1.5".into()), "{env:?}");
+        assert!(
+            env.contains(&"TINKERBELL_ENABLE_RUFIO_CONTROLLER=true".into()),
+            "{env:?}"
+        );
+        assert!(
+            env.contains(&"TINKERBELL_ENABLE_TINK_SERVER=false".into()),
+            "{env:?}"
+        );
+        assert!(
+            env.contains(&"TINKERBELL_ENABLE_SMEE=false".into()),
+            "{env:?}"
+        );
+        assert!(
+            env.contains(&"TINKERBELL_ENABLE_CRD_MIGRATIONS=false".into()),
+            "{env:?}"
+        );
+        assert!(
+            env.contains(&"TINKERBELL_PUBLIC_IPV4=10.1.1.5".into()),
+            "{env:?}"
+        );
         assert_eq!(ctr["readinessProbe"]["httpGet"]["path"], "/readyz");
-        assert_eq!(d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"], "rufio");
+        assert_eq!(
+            d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+            "rufio"
+        );
         assert_eq!(d["metadata"]["ownerReferences"][0]["uid"], "u-1");
         assert_eq!(d["metadata"]["labels"][OWNER_NAME], "stack");
         // Cluster-scoped: no owner reference (the finalizer removes them).
-        assert!(find(&objs, "ClusterRole/rufio-tink")["metadata"].get("ownerReferences").is_none());
-        let tls = plan(&owner(), Some(&json!({"tinkServer": {"tls": {"secretName": "tink-tls"}}})), EXTERNAL).unwrap();
+        assert!(
+            find(&objs, "ClusterRole/rufio-tink")["metadata"]
+                .get("ownerReferences")
+                .is_none()
+        );
+        let tls = plan(
+            &owner(),
+            Some(&json!({"tinkServer": {"tls": {"secretName": "tink-tls"}}})),
+            EXTERNAL,
+        )
+        .unwrap();
         assert!(tls.tls());
         let objs_tls = objects(&tls);
         let pod = &find(&objs_tls, "Deployment/tink/tink-server")["spec"]["template"]["spec"];
         assert_eq!(pod["volumes"][0]["secret"]["secretName"], "tink-tls");
-        assert!(pod["containers"][0]["env"].to_string().contains("TINKERBELL_TLS_CERT_FILE"));
+        assert!(
+            pod["containers"][0]["env"]
+                .to_string()
+                .contains("TINKERBELL_TLS_CERT_FILE")
+        );
         let svc = find(&objs, "Service/tink/tink-server");
         assert_eq!(svc["spec"]["type"], "LoadBalancer");
         assert_eq!(svc["spec"]["loadBalancerIP"], "10.1.1.5");
@@ -648,18 +759,34 @@ mod tests {
                 "resources": {"limits": {"memory": "1Gi"}}}});
         let p = plan(&owner(), Some(&spec), EXTERNAL).unwrap();
         let objs = objects(&p);
-        assert_eq!(objs[0].id(), "Namespace/tinkerbell", "another namespace is made first");
+        assert_eq!(
+            objs[0].id(),
+            "Namespace/tinkerbell",
+            "another namespace is made first"
+        );
         let d = find(&objs, "Deployment/tinkerbell/tink-server");
-        assert!(d["metadata"].get("ownerReferences").is_none(), "not the owner's namespace");
+        assert!(
+            d["metadata"].get("ownerReferences").is_none(),
+            "not the owner's namespace"
+        );
         assert_eq!(d["spec"]["replicas"], 2);
         let pod = &d["spec"]["template"]["spec"];
         assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
         let ctr = &pod["containers"][0];
         assert_eq!(ctr["image"], "quay.io/tinkerbell/tink:v0.12.2");
-        let args: Vec<&str> = ctr["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        let args: Vec<&str> = ctr["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
         assert_eq!(args[0], "--backend=kubernetes");
         assert!(args.contains(&"--kube-namespace=tinkerbell"));
-        assert_eq!(args.last(), Some(&"--log-level=debug"), "the user's come last");
+        assert_eq!(
+            args.last(),
+            Some(&"--log-level=debug"),
+            "the user's come last"
+        );
         let rufio = find(&objs, "Deployment/tinkerbell/rufio");
         let ctr = &rufio["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(ctr["image"], "quay.io/tinkerbell/rufio:v0.6.3");
@@ -672,7 +799,10 @@ mod tests {
             find(&objs, "RoleBinding/tinkerbell/rufio")["subjects"][0]["namespace"],
             "tinkerbell"
         );
-        assert_eq!(find(&objs, "Service/tinkerbell/tink-server")["spec"]["type"], "ClusterIP");
+        assert_eq!(
+            find(&objs, "Service/tinkerbell/tink-server")["spec"]["type"],
+            "ClusterIP"
+        );
         assert!(!objs.iter().any(|o| o.kind == ManagedKind::ClusterRole));
     }
 
@@ -686,7 +816,11 @@ mod tests {
             "template": {"spec": {"containers": [{"image": "img:1"}]}}}});
         let s = component_status(Component::Rufio, "img:1", Some(&fresh));
         assert!(!s.available());
-        assert!(s.conditions[0].message.contains("no controller has acted"), "{:?}", s.conditions);
+        assert!(
+            s.conditions[0].message.contains("no controller has acted"),
+            "{:?}",
+            s.conditions
+        );
         assert_eq!(s.conditions[1].reason, "RollingOut");
         assert_eq!(s.conditions[2].status, "False");
         let good = json!({"metadata": {"generation": 2}, "spec": {"replicas": 2},
@@ -705,7 +839,13 @@ mod tests {
         let s = component_status(Component::Rufio, "img", Some(&stuck));
         assert!(!s.available());
         assert_eq!(s.conditions[0].reason, "MinimumReplicasUnavailable");
-        assert_eq!((s.conditions[2].status.as_str(), s.conditions[2].reason.as_str()), ("True", "ProgressDeadlineExceeded"));
+        assert_eq!(
+            (
+                s.conditions[2].status.as_str(),
+                s.conditions[2].reason.as_str()
+            ),
+            ("True", "ProgressDeadlineExceeded")
+        );
     }
 
     #[test]
@@ -714,8 +854,14 @@ mod tests {
         let live = json!({"spec": {"replicas": 1, "ports": [{"port": 42113, "protocol": "TCP"}],
             "clusterIP": "10.0.0.9"}, "status": {}});
         assert!(holds(&live, &want));
-        assert!(!holds(&json!({"spec": {"replicas": 3, "ports": [{"port": 42113}]}}), &want));
-        assert!(!holds(&json!({"spec": {"replicas": 1, "ports": []}}), &want));
+        assert!(!holds(
+            &json!({"spec": {"replicas": 3, "ports": [{"port": 42113}]}}),
+            &want
+        ));
+        assert!(!holds(
+            &json!({"spec": {"replicas": 1, "ports": []}}),
+            &want
+        ));
         assert!(holds(&json!({"port": "8081"}), &json!({"port": 8081})));
     }
 }

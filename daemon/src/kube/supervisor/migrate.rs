@@ -66,8 +66,8 @@ pub fn convert(wf: &Value) -> Result<Option<Value>, String> {
     let Some(text) = annotation(wf) else {
         return Ok(None);
     };
-    let old: Value = serde_json::from_str(text)
-        .map_err(|e| format!("annotation {BACKUP} is not JSON: {e}"))?;
+    let old: Value =
+        serde_json::from_str(text).map_err(|e| format!("annotation {BACKUP} is not JSON: {e}"))?;
     let status = convert::status_from_cluster(&old)
         .ok_or_else(|| format!("annotation {BACKUP} is not a Workflow status"))?;
     let new = convert::status_to_cluster(&status, WorkflowSchema::Current);
@@ -122,9 +122,18 @@ mod tests {
 
     #[test]
     fn a_v012_workflow_is_kept_converted_and_released() {
-        assert_eq!(step(WorkflowSchema::V012, WorkflowSchema::Current), Step::Migrate);
-        assert_eq!(step(WorkflowSchema::Current, WorkflowSchema::V012), Step::Downgrade);
-        assert_eq!(step(WorkflowSchema::Current, WorkflowSchema::Current), Step::Nothing);
+        assert_eq!(
+            step(WorkflowSchema::V012, WorkflowSchema::Current),
+            Step::Migrate
+        );
+        assert_eq!(
+            step(WorkflowSchema::Current, WorkflowSchema::V012),
+            Step::Downgrade
+        );
+        assert_eq!(
+            step(WorkflowSchema::Current, WorkflowSchema::Current),
+            Step::Nothing
+        );
 
         let mut wf = v012();
         let original = wf["status"].clone();
@@ -133,7 +142,10 @@ mod tests {
         assert!(kept(&wf));
         assert_eq!(backup(&wf), None, "kept once");
         // The new CRD prunes what it does not know: the copy is what counts.
-        wf["status"].as_object_mut().unwrap().remove("templateRending");
+        wf["status"]
+            .as_object_mut()
+            .unwrap()
+            .remove("templateRending");
         let p = convert(&wf).unwrap().expect("converted");
         apply(&mut wf, &p);
         let s = &wf["status"];
@@ -164,7 +176,8 @@ mod tests {
     fn what_is_not_v012_is_left_alone_and_a_bad_copy_is_an_error() {
         let fresh = json!({"metadata": {"name": "new"}, "spec": {}});
         assert_eq!(backup(&fresh), None);
-        let current = json!({"metadata": {"name": "c"}, "status": {"state": "SUCCESS", "agentID": "x"}});
+        let current =
+            json!({"metadata": {"name": "c"}, "status": {"state": "SUCCESS", "agentID": "x"}});
         assert_eq!(backup(&current), None);
         assert_eq!(convert(&current).unwrap(), None);
         let broken = json!({"metadata": {"name": "b", "annotations": {BACKUP: "{not json"}}});

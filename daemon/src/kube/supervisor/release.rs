@@ -93,7 +93,10 @@ pub const RELEASES: [Release; 2] = [
         version: "v0.25.0",
         profile: Profile::Single,
         images: [
-            (Component::TinkServer, "ghcr.io/tinkerbell/tinkerbell:v0.25.0"),
+            (
+                Component::TinkServer,
+                "ghcr.io/tinkerbell/tinkerbell:v0.25.0",
+            ),
             (
                 Component::TinkController,
                 "ghcr.io/tinkerbell/tinkerbell:v0.25.0",
@@ -147,7 +150,11 @@ impl Release {
 pub const GRPC_PORT: i32 = 42113;
 
 /// One `rbac.authorization.k8s.io/v1` rule: API groups, resources, verbs.
-pub type Rule = (&'static [&'static str], &'static [&'static str], &'static [&'static str]);
+pub type Rule = (
+    &'static [&'static str],
+    &'static [&'static str],
+    &'static [&'static str],
+);
 
 const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] = &["get", "list", "watch", "patch", "update"];
@@ -164,9 +171,21 @@ pub fn rules(c: Component) -> &'static [Rule] {
         // The current tink-server also creates Hardware and Workflows (agent
         // enrolment) and reads WorkflowRuleSets.
         Component::TinkServer => &[
-            (&["tinkerbell.org"], &["hardware", "hardware/status"], CREATE_WRITE),
-            (&["tinkerbell.org"], &["templates", "templates/status"], READ),
-            (&["tinkerbell.org"], &["workflows", "workflows/status"], CREATE_WRITE),
+            (
+                &["tinkerbell.org"],
+                &["hardware", "hardware/status"],
+                CREATE_WRITE,
+            ),
+            (
+                &["tinkerbell.org"],
+                &["templates", "templates/status"],
+                READ,
+            ),
+            (
+                &["tinkerbell.org"],
+                &["workflows", "workflows/status"],
+                CREATE_WRITE,
+            ),
             (&["tinkerbell.org"], &["workflowrulesets"], READ),
         ],
         Component::TinkController => &[
@@ -176,7 +195,11 @@ pub fn rules(c: Component) -> &'static [Rule] {
                 &["create", "delete", "get", "list", "watch"],
             ),
             (&["tinkerbell.org"], &["hardware", "hardware/status"], WRITE),
-            (&["tinkerbell.org"], &["templates", "templates/status"], WRITE),
+            (
+                &["tinkerbell.org"],
+                &["templates", "templates/status"],
+                WRITE,
+            ),
             (
                 &["tinkerbell.org"],
                 &["workflows", "workflows/status"],

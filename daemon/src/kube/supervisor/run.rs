@@ -25,8 +25,7 @@ use crate::kube::rbac::Roles;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -253,9 +252,15 @@ impl Ctx {
     }
 }
 
-async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let owner = owner_of(&obj);
+async fn reconcile(cached: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let owner = owner_of(&cached);
     let api = ctx.tinkerbells(&owner.namespace);
+    // The controller's copy may predate the status this instance wrote a
+    // moment ago: read it fresh (its generation against its observed one
+    // tells a spec change from drift).
+    let Some(obj) = get_opt(&api, &owner.name).await? else {
+        return Ok(Action::await_change());
+    };
     let finalizers = obj.metadata.finalizers.clone().unwrap_or_default();
     if obj.metadata.deletion_timestamp.is_some() {
         if finalizers.iter().any(|f| f == FINALIZER) {
@@ -318,7 +323,11 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Err
                          current one (their newer fields have nowhere to go): set spec.version back to {}, \
                          or delete the Workflows first",
                         plan.release.version,
-                        if running.is_empty() { "a current release" } else { &running }
+                        if running.is_empty() {
+                            "a current release"
+                        } else {
+                            &running
+                        }
                     ));
                     return refuse(&ctx, &obj, &status, r).await;
                 }
@@ -331,7 +340,10 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Err
             &obj,
             false,
             "Upgrading",
-            format!("{running} -> {}: the Deployments roll", plan.release.version),
+            format!(
+                "{running} -> {}: the Deployments roll",
+                plan.release.version
+            ),
         )
         .await;
     }
@@ -349,7 +361,8 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Err
     }
     if !created.is_empty() {
         let what = if spec_changed { "Created" } else { "Recreated" };
-        ctx.event(&obj, !spec_changed, what, created.join(", ")).await;
+        ctx.event(&obj, !spec_changed, what, created.join(", "))
+            .await;
     }
     if !repaired.is_empty() {
         // A spec change updates them; otherwise someone else changed
@@ -369,24 +382,65 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Err
     let address = grpc_address(&ctx, &plan).await?;
     let all_available = components.iter().all(ComponentStatus::available);
     let mut conditions = vec![
-        condition(&status, "Reconciled", true, "Applied", format!(
-            "{} objects of {} applied", objects.len(), plan.release.version)),
+        condition(
+            &status,
+            "Reconciled",
+            true,
+            "Applied",
+            format!(
+                "{} objects of {} applied",
+                objects.len(),
+                plan.release.version
+            ),
+        ),
         if plan.components.is_empty() {
-            condition(&status, "Available", true, "NothingToRun",
-                "every component is disabled, or run by tinkerbox itself".into())
+            condition(
+                &status,
+                "Available",
+                true,
+                "NothingToRun",
+                "every component is disabled, or run by tinkerbox itself".into(),
+            )
         } else if all_available {
-            condition(&status, "Available", true, "AllAvailable", "every component is available".into())
+            condition(
+                &status,
+                "Available",
+                true,
+                "AllAvailable",
+                "every component is available".into(),
+            )
         } else {
-            let down: Vec<String> = components.iter().filter(|c| !c.available())
-                .map(|c| format!("{}: {}", c.name, c.conditions.first().map(|c| c.message.as_str()).unwrap_or(""))).collect();
-            condition(&status, "Available", false, "ComponentsUnavailable", down.join("; "))
+            let down: Vec<String> = components
+                .iter()
+                .filter(|c| !c.available())
+                .map(|c| {
+                    format!(
+                        "{}: {}",
+                        c.name,
+                        c.conditions
+                            .first()
+                            .map(|c| c.message.as_str())
+                            .unwrap_or("")
+                    )
+                })
+                .collect();
+            condition(
+                &status,
+                "Available",
+                false,
+                "ComponentsUnavailable",
+                down.join("; "),
+            )
         },
     ];
     if let Some(n) = migrated {
         conditions.push(condition(&status, "Migrated", true, "WorkflowsMigrated", format!(
             "{n} Workflows migrated from tink v0.12's shape to {}'s (their old status was kept until every one was converted)",
             plan.release.version)));
-    } else if let Some(c) = status["conditions"].as_array().and_then(|a| a.iter().find(|c| c["type"] == "Migrated")) {
+    } else if let Some(c) = status["conditions"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["type"] == "Migrated"))
+    {
         conditions.push(c.clone());
     }
     let mut new = json!({
@@ -413,12 +467,19 @@ fn condition(old: &Value, t: &str, on: bool, reason: &str, message: String) -> V
     let since = prev
         .filter(|c| c["status"] == status)
         .and_then(|c| c["lastTransitionTime"].as_str().map(String::from))
-        .unwrap_or_else(|| humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string());
+        .unwrap_or_else(|| {
+            humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+        });
     json!({"type": t, "status": status, "reason": reason, "message": message, "lastTransitionTime": since})
 }
 
 /// Merge-patch `/status` to `new` when it differs from `old`.
-async fn write_status(ctx: &Ctx, obj: &DynamicObject, old: &Value, new: Value) -> Result<(), Error> {
+async fn write_status(
+    ctx: &Ctx,
+    obj: &DynamicObject,
+    old: &Value,
+    new: Value,
+) -> Result<(), Error> {
     let Some(patch) = crate::kube::convert::merge_patch(old, &new) else {
         return Ok(());
     };
@@ -444,7 +505,8 @@ async fn refuse(ctx: &Ctx, obj: &DynamicObject, old: &Value, r: Refusal) -> Resu
         })
     });
     if !same {
-        ctx.event(obj, true, r.reason(), r.message().to_string()).await;
+        ctx.event(obj, true, r.reason(), r.message().to_string())
+            .await;
     }
     let mut new = old.clone();
     if !new.is_object() {
@@ -457,7 +519,10 @@ async fn refuse(ctx: &Ctx, obj: &DynamicObject, old: &Value, r: Refusal) -> Resu
         .into_iter()
         .filter(|c| c["type"] != "Reconciled")
         .collect();
-    conditions.insert(0, condition(old, "Reconciled", false, r.reason(), r.message().into()));
+    conditions.insert(
+        0,
+        condition(old, "Reconciled", false, r.reason(), r.message().into()),
+    );
     new["conditions"] = json!(conditions);
     new["observedGeneration"] = json!(obj.metadata.generation.unwrap_or(0));
     write_status(ctx, obj, old, new).await?;
@@ -517,7 +582,9 @@ async fn list(
     if !labels.is_empty() {
         lp = lp.labels(labels);
     }
-    Ok(call(&format!("listing {}", ar.plural), api.list(&lp)).await?.items)
+    Ok(call(&format!("listing {}", ar.plural), api.list(&lp))
+        .await?
+        .items)
 }
 
 enum Applied {
@@ -553,7 +620,9 @@ async fn apply(ctx: &Ctx, o: &Object) -> Result<Applied, Error> {
     Ok(match before {
         None => Applied::Created,
         // The server's own spelling of a value tinkerbox set is no change.
-        Some(rv) if done.metadata.resource_version.as_deref() == Some(rv.as_str()) => Applied::Unchanged,
+        Some(rv) if done.metadata.resource_version.as_deref() == Some(rv.as_str()) => {
+            Applied::Unchanged
+        }
         Some(_) => Applied::Changed,
     })
 }
@@ -570,13 +639,20 @@ async fn prune(ctx: &Ctx, owner: &Owner, want: &[Object]) -> Result<Vec<String>,
     let mut gone = vec![];
     for kind in ManagedKind::OWNED {
         for o in list(ctx, &managed(kind), None, &selector(owner)).await? {
-            let (ns, name) = (o.metadata.namespace.clone(), o.metadata.name.clone().unwrap_or_default());
-            if want.iter().any(|w| w.kind == kind && w.name == name && w.namespace == ns) {
+            let (ns, name) = (
+                o.metadata.namespace.clone(),
+                o.metadata.name.clone().unwrap_or_default(),
+            );
+            if want
+                .iter()
+                .any(|w| w.kind == kind && w.name == name && w.namespace == ns)
+            {
                 continue;
             }
             call(
                 &format!("deleting {} {name}", kind.kind()),
-                ctx.api(kind, ns.as_deref()).delete(&name, &DeleteParams::background()),
+                ctx.api(kind, ns.as_deref())
+                    .delete(&name, &DeleteParams::background()),
             )
             .await?;
             gone.push(match ns {
@@ -618,7 +694,9 @@ async fn cleanup(ctx: &Ctx, obj: &DynamicObject) -> Result<(), Error> {
             match tokio::time::timeout(CALL, api.delete(name, &DeleteParams::background())).await {
                 Ok(Ok(_)) => crds_gone.push(name.to_string()),
                 Ok(Err(kube::Error::Api(s))) if s.code == 404 => {}
-                Ok(Err(e)) => return Err(Error::Failed(format!("deleting CRD {name} ({file}): {e}"))),
+                Ok(Err(e)) => {
+                    return Err(Error::Failed(format!("deleting CRD {name} ({file}): {e}")));
+                }
                 Err(_) => return Err(Error::Timeout(format!("deleting CRD {name}"))),
             }
         }
@@ -629,7 +707,11 @@ async fn cleanup(ctx: &Ctx, obj: &DynamicObject) -> Result<(), Error> {
         "Removed",
         format!(
             "deleted {}{}",
-            if gone.is_empty() { "nothing left".into() } else { gone.join(", ") },
+            if gone.is_empty() {
+                "nothing left".into()
+            } else {
+                gone.join(", ")
+            },
             if crds_gone.is_empty() {
                 "; the CRDs and the objects of Tinkerbell are kept".to_string()
             } else {
@@ -646,14 +728,15 @@ async fn cleanup(ctx: &Ctx, obj: &DynamicObject) -> Result<(), Error> {
 async fn apply_crds(ctx: &Ctx, plan: &Plan) -> Result<(), Error> {
     let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &crd_resource());
     for (file, yaml) in plan.release.crds {
-        let doc: Value = serde_saphyr::from_str(yaml)
-            .map_err(|e| Error::Failed(format!("crds/{file}: {e}")))?;
+        let doc: Value =
+            serde_saphyr::from_str(yaml).map_err(|e| Error::Failed(format!("crds/{file}: {e}")))?;
         let name = doc
             .pointer("/metadata/name")
             .and_then(Value::as_str)
             .ok_or_else(|| Error::Failed(format!("crds/{file}: no name")))?;
         match get_opt(&api, name).await? {
-            Some(live) if desired::holds(&serde_json::to_value(&live).unwrap_or_default(), &doc) => {}
+            Some(live)
+                if desired::holds(&serde_json::to_value(&live).unwrap_or_default(), &doc) => {}
             // Replaced whole, not applied: an apply keeps the fields other
             // managers own, and another release's schema (v0.12's
             // `worker`, say) must not survive in this one's.
@@ -671,7 +754,11 @@ async fn apply_crds(ctx: &Ctx, plan: &Plan) -> Result<(), Error> {
             None => {
                 call(
                     &format!("applying CRD {name}"),
-                    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&doc)),
+                    api.patch(
+                        name,
+                        &PatchParams::apply(FIELD_MANAGER).force(),
+                        &Patch::Apply(&doc),
+                    ),
                 )
                 .await?;
             }
@@ -692,7 +779,11 @@ async fn migrate_workflows(ctx: &Ctx, obj: &DynamicObject, plan: &Plan) -> Resul
         if get_opt(&api, c.name()).await?.is_some() {
             call(
                 "scaling the old tink down",
-                api.patch(c.name(), &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 0}}))),
+                api.patch(
+                    c.name(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replicas": 0}})),
+                ),
             )
             .await?;
         }
@@ -707,7 +798,11 @@ async fn migrate_workflows(ctx: &Ctx, obj: &DynamicObject, plan: &Plan) -> Resul
                 w.metadata.namespace.as_deref().unwrap_or("default"),
                 &wf,
             );
-            call("keeping a v0.12 status", api.patch(&w.name_any_or(), &PatchParams::default(), &Patch::Merge(p))).await?;
+            call(
+                "keeping a v0.12 status",
+                api.patch(&w.name_any_or(), &PatchParams::default(), &Patch::Merge(p)),
+            )
+            .await?;
             kept += 1;
         }
     }
@@ -732,7 +827,12 @@ async fn migrate_workflows(ctx: &Ctx, obj: &DynamicObject, plan: &Plan) -> Resul
             &wf,
         );
         match migrate::convert(&v) {
-            Ok(Some(p)) => match call("converting a status", api.patch_status(&name, &PatchParams::default(), &Patch::Merge(p))).await {
+            Ok(Some(p)) => match call(
+                "converting a status",
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(p)),
+            )
+            .await
+            {
                 Ok(_) => converted += 1,
                 Err(e) => failed.push(format!("{name}: {e}")),
             },
@@ -760,11 +860,27 @@ async fn migrate_workflows(ctx: &Ctx, obj: &DynamicObject, plan: &Plan) -> Resul
             w.metadata.namespace.as_deref().unwrap_or("default"),
             &wf,
         );
-        call("dropping a kept status", api.patch(&w.name_any_or(), &PatchParams::default(), &Patch::Merge(migrate::drop_backup()))).await?;
+        call(
+            "dropping a kept status",
+            api.patch(
+                &w.name_any_or(),
+                &PatchParams::default(),
+                &Patch::Merge(migrate::drop_backup()),
+            ),
+        )
+        .await?;
     }
     if converted > 0 {
-        ctx.event(obj, false, "Migrated", format!(
-            "{converted} Workflows converted to {}'s shape", plan.release.version)).await;
+        ctx.event(
+            obj,
+            false,
+            "Migrated",
+            format!(
+                "{converted} Workflows converted to {}'s shape",
+                plan.release.version
+            ),
+        )
+        .await;
     }
     Ok(converted)
 }
@@ -834,7 +950,10 @@ pub async fn follow(client: kube::Client, address: Arc<Address>) {
         let found = all.iter().find_map(|o| {
             let s = o.data.get("status")?;
             let a = s.get("grpcAddress")?.as_str()?.to_string();
-            Some((a, s.get("grpcTLS").and_then(Value::as_bool).unwrap_or(false)))
+            Some((
+                a,
+                s.get("grpcTLS").and_then(Value::as_bool).unwrap_or(false),
+            ))
         });
         if found != address.get() {
             tracing::info!(address = ?found, "kube supervisor: the Tink server agents are sent to");

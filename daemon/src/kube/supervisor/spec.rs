@@ -233,11 +233,11 @@ pub fn plan(owner: &Owner, spec: Option<&Value>, roles: Roles) -> Result<Plan, R
                 "spec.{field}.tls.secretName: required with tls"
             )));
         }
-        if let Some(e) = cs
-            .env
-            .iter()
-            .find(|e| e.get("name").and_then(Value::as_str).is_none_or(str::is_empty))
-        {
+        if let Some(e) = cs.env.iter().find(|e| {
+            e.get("name")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+        }) {
             return Err(Refusal::InvalidSpec(format!(
                 "spec.{field}.env: an entry without a name: {e}"
             )));
@@ -338,7 +338,10 @@ mod tests {
         let p = plan(&owner(), Some(&json!({})), rufio_native).unwrap();
         let on: Vec<_> = p.components.iter().map(|(c, _)| *c).collect();
         assert_eq!(on, [Component::TinkServer, Component::TinkController]);
-        assert_eq!(p.image(Component::TinkServer), "ghcr.io/tinkerbell/tinkerbell:v0.25.0");
+        assert_eq!(
+            p.image(Component::TinkServer),
+            "ghcr.io/tinkerbell/tinkerbell:v0.25.0"
+        );
     }
 
     #[test]
@@ -374,7 +377,10 @@ mod tests {
         let r = refused(json!({"rufio": {"enabled": true}}), native);
         assert_eq!(r.reason(), "Conflict");
         assert!(r.message().contains("[kube] rufio"), "{}", r.message());
-        let r = refused(json!({"version": "v0.12.2", "tinkServer": {"tls": {"secretName": "t"}}}), EXTERNAL);
+        let r = refused(
+            json!({"version": "v0.12.2", "tinkServer": {"tls": {"secretName": "t"}}}),
+            EXTERNAL,
+        );
         assert_eq!(r.reason(), "Conflict");
         assert!(r.message().contains("plain gRPC"), "{}", r.message());
         let r = refused(json!({"tinkServer": {"enabled": false}}), EXTERNAL);
@@ -388,7 +394,11 @@ mod tests {
             json!({"publicIP": "ten.one"}),
             json!({"scope": "Galaxy"}),
         ] {
-            assert_eq!(refused(bad.clone(), EXTERNAL).reason(), "InvalidSpec", "{bad}");
+            assert_eq!(
+                refused(bad.clone(), EXTERNAL).reason(),
+                "InvalidSpec",
+                "{bad}"
+            );
         }
         // Everything native and nothing asked: nothing to run, no conflict.
         assert!(plan(&owner(), None, native).unwrap().components.is_empty());

@@ -35,8 +35,12 @@ pub async fn fetch(cfg: &KubeConfig) -> anyhow::Result<Vec<Value>> {
         .collect();
     items.sort_by_key(|o| {
         (
-            o.pointer("/metadata/namespace").and_then(Value::as_str).map(String::from),
-            o.pointer("/metadata/name").and_then(Value::as_str).map(String::from),
+            o.pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .map(String::from),
+            o.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(String::from),
         )
     });
     Ok(items)
@@ -59,7 +63,11 @@ pub fn table(items: &[Value]) -> String {
     for o in items {
         let st = &o["status"];
         let conds = &st["conditions"];
-        let name = format!("{}/{}", s(&o["metadata"]["namespace"]), s(&o["metadata"]["name"]));
+        let name = format!(
+            "{}/{}",
+            s(&o["metadata"]["namespace"]),
+            s(&o["metadata"]["name"])
+        );
         let wanted = match s(&o["spec"]["version"]) {
             "" => "newest",
             v => v,
@@ -81,7 +89,10 @@ pub fn table(items: &[Value]) -> String {
             }
         }
         if cond(conds, "Reconciled").is_none() {
-            let _ = writeln!(out, "  not reconciled yet (is a tinkerbox in kube mode leading?)");
+            let _ = writeln!(
+                out,
+                "  not reconciled yet (is a tinkerbox in kube mode leading?)"
+            );
         }
         if o.pointer("/metadata/deletionTimestamp").is_some() {
             let _ = writeln!(out, "  being deleted");
@@ -105,12 +116,20 @@ pub fn table(items: &[Value]) -> String {
         }
         for c in comps {
             let cs = &c["conditions"];
-            let flag = |t: &str| cond(cs, t).map(|c| s(&c["status"]).to_string()).unwrap_or("?".into());
+            let flag = |t: &str| {
+                cond(cs, t)
+                    .map(|c| s(&c["status"]).to_string())
+                    .unwrap_or("?".into())
+            };
             let _ = writeln!(
                 out,
                 "  {:<16} {:<8} {:<11} {:<11} {:<9} {}",
                 s(&c["name"]),
-                format!("{}/{}", c["readyReplicas"].as_i64().unwrap_or(0), c["replicas"].as_i64().unwrap_or(0)),
+                format!(
+                    "{}/{}",
+                    c["readyReplicas"].as_i64().unwrap_or(0),
+                    c["replicas"].as_i64().unwrap_or(0)
+                ),
                 flag("Available"),
                 flag("Progressing"),
                 flag("Degraded"),
@@ -118,7 +137,8 @@ pub fn table(items: &[Value]) -> String {
             );
             for t in ["Available", "Degraded"] {
                 if let Some(d) = cond(cs, t).filter(|d| {
-                    (t == "Available" && d["status"] == "False") || (t == "Degraded" && d["status"] == "True")
+                    (t == "Available" && d["status"] == "False")
+                        || (t == "Degraded" && d["status"] == "True")
                 }) {
                     let _ = writeln!(out, "      {t}: {} {}", s(&d["reason"]), s(&d["message"]));
                 }
@@ -146,12 +166,22 @@ mod tests {
                         {"type": "Progressing", "status": "True", "reason": "RollingOut"},
                         {"type": "Degraded", "status": "False", "reason": "AsExpected"}]}]}});
         let t = table(&[o]);
-        assert!(t.contains("Tinkerbell tink/stack: wanted newest, running v0.25.0"), "{t}");
-        assert!(t.contains("Available=False ComponentsUnavailable: rufio: 0 of 1"), "{t}");
+        assert!(
+            t.contains("Tinkerbell tink/stack: wanted newest, running v0.25.0"),
+            "{t}"
+        );
+        assert!(
+            t.contains("Available=False ComponentsUnavailable: rufio: 0 of 1"),
+            "{t}"
+        );
         assert!(t.contains("gRPC for agents: 10.0.0.5:42113"), "{t}");
         assert!(t.contains("rufio            0/1      False       True        False     ghcr.io/tinkerbell/tinkerbell:v0.25.0"), "{t}");
-        assert!(t.contains("Available: NoReplicasAvailable 0 of 1 replicas available"), "{t}");
-        let fresh = json!({"metadata": {"namespace": "a", "name": "b"}, "spec": {"version": "v0.12.2"}});
+        assert!(
+            t.contains("Available: NoReplicasAvailable 0 of 1 replicas available"),
+            "{t}"
+        );
+        let fresh =
+            json!({"metadata": {"namespace": "a", "name": "b"}, "spec": {"version": "v0.12.2"}});
         assert!(table(&[fresh]).contains("not reconciled yet"));
     }
 }
