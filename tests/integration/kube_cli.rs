@@ -366,8 +366,14 @@ fn kube_cli_rbac_output_is_what_kubectl_takes() {
         .iter()
         .any(|g| rule["apiGroups"][0] == *g)
             || res.as_array().unwrap().iter().all(|r| {
-                ["services", "serviceaccounts", "namespaces", "workflows", "workflows/status"]
-                    .contains(&r.as_str().unwrap())
+                [
+                    "services",
+                    "serviceaccounts",
+                    "namespaces",
+                    "workflows",
+                    "workflows/status",
+                ]
+                .contains(&r.as_str().unwrap())
             });
         assert!(
             !writes
