@@ -76,6 +76,15 @@ fn event_reasons(c: &Cluster) -> Vec<String> {
         .collect()
 }
 
+/// A merge patch of the `Tinkerbell` `stack`'s spec, as a user's kubectl.
+fn patch_spec(c: &Cluster, spec: &str) {
+    c.kubectl(
+        &["patch", "tinkerbells.tinkerbox.io", "stack", "-n", NS, "--type", "merge", "-p",
+          &format!(r#"{{"spec":{spec}}}"#)],
+        None,
+    );
+}
+
 fn apply(c: &Cluster, yaml: &str) {
     c.kubectl(&["apply", "-f", "-"], Some(yaml));
 }
@@ -241,20 +250,7 @@ fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
 
     // A spec change: one namespace only -> Roles instead of ClusterRoles
     // (the ClusterRoles pruned), a component disabled -> gone.
-    c.kubectl(
-        &[
-            "patch",
-            "tinkerbells.tinkerbox.io",
-            "stack",
-            "-n",
-            NS,
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"scope":"Namespace","tinkServer":{"args":["--log-level=1"]}}}"#,
-        ],
-        None,
-    );
+    patch_spec(&c, r#"{"scope":"Namespace","tinkServer":{"args":["--log-level=1"]}}"#);
     until(30, "roles instead of cluster roles", &d, || {
         let o = owned(&c, "stack");
         o.contains(&"Role/rufio".to_string()) && !o.iter().any(|x| x.starts_with("ClusterRole"))
@@ -379,20 +375,7 @@ fn supervisor_migrates_v012_workflows_on_upgrade_and_refuses_what_it_cannot() {
 
     // Upgrade: the Workflows are migrated first, then the Deployments roll.
     let t0 = Instant::now();
-    c.kubectl(
-        &[
-            "patch",
-            "tinkerbells.tinkerbox.io",
-            "stack",
-            "-n",
-            NS,
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"version":"v0.25.0"}}"#,
-        ],
-        None,
-    );
+    patch_spec(&c, r#"{"version":"v0.25.0"}"#);
     until(60, "upgraded", &d, || {
         tinkerbell(&c, "stack")["status"]["version"] == "v0.25.0"
     });
@@ -441,20 +424,7 @@ fn supervisor_migrates_v012_workflows_on_upgrade_and_refuses_what_it_cannot() {
     assert!(crd.contains("templateRendering") && !crd.contains("templateRending"));
 
     // Downgrade with Workflows on the cluster: refused, nothing changes.
-    c.kubectl(
-        &[
-            "patch",
-            "tinkerbells.tinkerbox.io",
-            "stack",
-            "-n",
-            NS,
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"version":"v0.12.2"}}"#,
-        ],
-        None,
-    );
+    patch_spec(&c, r#"{"version":"v0.12.2"}"#);
     until(30, "the downgrade refused", &d, || {
         condition(&tinkerbell(&c, "stack"), "Reconciled").is_some_and(|c| c.1 == "DowngradeRefused")
     });
@@ -467,20 +437,7 @@ fn supervisor_migrates_v012_workflows_on_upgrade_and_refuses_what_it_cannot() {
     assert_eq!(tinkerbell(&c, "stack")["status"]["version"], "v0.25.0");
 
     // An unknown version: refused, saying which are known.
-    c.kubectl(
-        &[
-            "patch",
-            "tinkerbells.tinkerbox.io",
-            "stack",
-            "-n",
-            NS,
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"version":"v9.9.9"}}"#,
-        ],
-        None,
-    );
+    patch_spec(&c, r#"{"version":"v9.9.9"}"#);
     until(30, "an unknown version refused", &d, || {
         condition(&tinkerbell(&c, "stack"), "Reconciled")
             .is_some_and(|c| c.1 == "UnknownVersion" && c.2.contains("v0.12.2, v0.25.0"))

@@ -285,16 +285,20 @@ impl Default for Options {
     }
 }
 
-/// A DNS-1123 label, as namespaces must be (and the names here, kept
-/// simple: a Role name may be more, but then so may be its mistakes).
-fn check_name(what: &str, s: &str) -> anyhow::Result<()> {
-    let ok = !s.is_empty()
+/// A DNS-1123 label: what a namespace's name (and a label value) may be.
+pub fn dns_label(s: &str) -> bool {
+    !s.is_empty()
         && s.len() <= 63
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
-        && !s.ends_with('-');
-    if !ok {
+        && !s.ends_with('-')
+}
+
+/// A DNS-1123 label, as namespaces must be (and the names here, kept
+/// simple: a Role name may be more, but then so may be its mistakes).
+fn check_name(what: &str, s: &str) -> anyhow::Result<()> {
+    if !dns_label(s) {
         bail!("{what} {s:?}: not a valid name (lowercase letters, digits and '-', at most 63)");
     }
     Ok(())

@@ -622,23 +622,9 @@ pub fn holds(live: &Value, want: &Value) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Owner;
-    use super::super::spec::{Roles, plan};
+    use super::super::spec::fixtures::{EXTERNAL, owner};
+    use super::super::spec::plan;
     use super::*;
-    use crate::config::Role;
-
-    fn owner() -> Owner {
-        Owner {
-            namespace: "tink".into(),
-            name: "stack".into(),
-            uid: "u-1".into(),
-        }
-    }
-
-    const EXTERNAL: Roles = Roles {
-        tink: Role::External,
-        rufio: Role::External,
-    };
 
     fn find<'a>(objs: &'a [Object], id: &str) -> &'a Value {
         &objs

@@ -3,6 +3,7 @@
 
 use super::release::{self, Release};
 use super::{Component, Owner};
+use crate::kube::rbac::dns_label;
 use crate::config::Role;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -142,16 +143,6 @@ impl Refusal {
             | Refusal::DowngradeRefused(m) => m,
         }
     }
-}
-
-/// A DNS-1123 label (a namespace's name; also what a label value may be).
-fn dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 /// Check `spec` (the resource's `spec`, maybe absent) against the known
@@ -306,12 +297,13 @@ impl Plan {
     }
 }
 
+/// What the supervisor's unit tests share.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
+pub(crate) mod fixtures {
+    use super::{Owner, Roles};
+    use crate::config::Role;
 
-    fn owner() -> Owner {
+    pub(crate) fn owner() -> Owner {
         Owner {
             namespace: "tink".into(),
             name: "stack".into(),
@@ -319,10 +311,18 @@ mod tests {
         }
     }
 
-    const EXTERNAL: Roles = Roles {
+    pub(crate) const EXTERNAL: Roles = Roles {
         tink: Role::External,
         rufio: Role::External,
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{EXTERNAL, owner};
+    use super::*;
+    use serde_json::json;
+
 
     #[test]
     fn an_empty_spec_runs_the_newest_release_of_what_tinkerbox_does_not_run() {
