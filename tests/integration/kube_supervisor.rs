@@ -79,8 +79,17 @@ fn event_reasons(c: &Cluster) -> Vec<String> {
 /// A merge patch of the `Tinkerbell` `stack`'s spec, as a user's kubectl.
 fn patch_spec(c: &Cluster, spec: &str) {
     c.kubectl(
-        &["patch", "tinkerbells.tinkerbox.io", "stack", "-n", NS, "--type", "merge", "-p",
-          &format!(r#"{{"spec":{spec}}}"#)],
+        &[
+            "patch",
+            "tinkerbells.tinkerbox.io",
+            "stack",
+            "-n",
+            NS,
+            "--type",
+            "merge",
+            "-p",
+            &format!(r#"{{"spec":{spec}}}"#),
+        ],
         None,
     );
 }
@@ -250,7 +259,10 @@ fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
 
     // A spec change: one namespace only -> Roles instead of ClusterRoles
     // (the ClusterRoles pruned), a component disabled -> gone.
-    patch_spec(&c, r#"{"scope":"Namespace","tinkServer":{"args":["--log-level=1"]}}"#);
+    patch_spec(
+        &c,
+        r#"{"scope":"Namespace","tinkServer":{"args":["--log-level=1"]}}"#,
+    );
     until(30, "roles instead of cluster roles", &d, || {
         let o = owned(&c, "stack");
         o.contains(&"Role/rufio".to_string()) && !o.iter().any(|x| x.starts_with("ClusterRole"))

@@ -3,8 +3,8 @@
 
 use super::release::{self, Release};
 use super::{Component, Owner};
-use crate::kube::rbac::dns_label;
 use crate::config::Role;
+use crate::kube::rbac::dns_label;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -322,7 +322,6 @@ mod tests {
     use super::fixtures::{EXTERNAL, owner};
     use super::*;
     use serde_json::json;
-
 
     #[test]
     fn an_empty_spec_runs_the_newest_release_of_what_tinkerbox_does_not_run() {
