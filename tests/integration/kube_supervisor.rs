@@ -137,6 +137,11 @@ fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
         String::from_utf8_lossy(&d.curl(&["-s", &d.url("/healthz")]).stdout)
             .contains("kube: leader")
     });
+    // A second instance: it mirrors and serves, but only the leader acts.
+    let follower = kube_daemon_with(&c, EXTERNAL);
+    until(20, "the follower's mirror", &follower, || {
+        follower.all_hardware().len() == 1
+    });
 
     // Applied: everything a chart would make, timed from the apply.
     let t0 = Instant::now();
@@ -197,10 +202,12 @@ fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
     );
 
     // Every instance sends agents to the supervised tink-server.
-    until(20, "the iPXE script follows", &d, || {
-        let o = d.curl(&["-s", &d.url("/ipxe/script/52:54:00:7c:00:01/auto.ipxe")]);
-        String::from_utf8_lossy(&o.stdout).contains("grpc_authority=10.99.0.7:42113")
-    });
+    for x in [&d, &follower] {
+        until(20, "the iPXE script follows", x, || {
+            let o = x.curl(&["-s", &x.url("/ipxe/script/52:54:00:7c:00:01/auto.ipxe")]);
+            String::from_utf8_lossy(&o.stdout).contains("grpc_authority=10.99.0.7:42113")
+        });
+    }
 
     // The CLI view.
     let view = d.cli_ok(&["kube", "status"]);
@@ -256,6 +263,27 @@ fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
             .iter()
             .all(|r| e.iter().any(|x| x == r))
     });
+    // All of them by the leader (its identity is host-pid).
+    let v = json(&c, &["get", "events.events.k8s.io", "-n", NS]);
+    let mut by: Vec<&str> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["regarding"]["kind"] == "Tinkerbell")
+        .map(|e| e["reportingInstance"].as_str().unwrap_or(""))
+        .collect();
+    by.dedup();
+    assert_eq!(by.len(), 1, "{by:?}");
+    assert!(
+        by[0].ends_with(&format!("-{}", d.pid())),
+        "{by:?} (leader pid {})",
+        d.pid()
+    );
+    assert!(
+        !follower
+            .log()
+            .contains("kube supervisor: watching Tinkerbell")
+    );
 
     // A spec change: one namespace only -> Roles instead of ClusterRoles
     // (the ClusterRoles pruned), a component disabled -> gone.
