@@ -60,9 +60,9 @@ pub fn kept(wf: &Value) -> bool {
     annotation(wf).is_some()
 }
 
-/// The status patch turning a kept Workflow's status into the current
-/// shape; `None`: nothing kept, or converted already.
-pub fn convert(wf: &Value) -> Result<Option<Value>, String> {
+/// A kept Workflow's status in the current shape: what its status must
+/// be before the copy may go.
+pub fn target(wf: &Value) -> Result<Option<Value>, String> {
     let Some(text) = annotation(wf) else {
         return Ok(None);
     };
@@ -70,9 +70,29 @@ pub fn convert(wf: &Value) -> Result<Option<Value>, String> {
         serde_json::from_str(text).map_err(|e| format!("annotation {BACKUP} is not JSON: {e}"))?;
     let status = convert::status_from_cluster(&old)
         .ok_or_else(|| format!("annotation {BACKUP} is not a Workflow status"))?;
-    let new = convert::status_to_cluster(&status, WorkflowSchema::Current);
+    Ok(Some(convert::status_to_cluster(&status, WorkflowSchema::Current)))
+}
+
+/// The status patch turning a kept Workflow's status into the current
+/// shape; `None`: nothing kept, or converted already.
+pub fn convert(wf: &Value) -> Result<Option<Value>, String> {
+    let Some(new) = target(wf)? else {
+        return Ok(None);
+    };
     let live = wf.get("status").cloned().unwrap_or_else(|| json!({}));
     Ok(convert::merge_patch(&live, &new).map(|p| json!({"status": p})))
+}
+
+/// Whether a migration failed after the new CRD went in (the resource's
+/// `Migrated` condition is False): the kept copies are still there, and the
+/// installed CRD no longer says so, so the next attempt must not wait for
+/// it.
+pub fn unfinished(status: &Value, to: WorkflowSchema) -> bool {
+    to == WorkflowSchema::Current
+        && status["conditions"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|c| c["type"] == "Migrated" && c["status"] == "False")
+        })
 }
 
 /// The metadata patch dropping the copy.
@@ -170,6 +190,24 @@ mod tests {
         apply(&mut wf, &drop_backup());
         assert!(!kept(&wf));
         assert_eq!(wf["metadata"]["annotations"], json!({}));
+    }
+
+    #[test]
+    fn a_failed_migration_is_resumed_until_it_succeeds() {
+        let failed = json!({"conditions": [{"type": "Migrated", "status": "False", "reason": "MigrationFailed"}]});
+        let done = json!({"conditions": [{"type": "Migrated", "status": "True"}]});
+        assert!(unfinished(&failed, WorkflowSchema::Current));
+        assert!(!unfinished(&failed, WorkflowSchema::V012), "not towards v0.12");
+        assert!(!unfinished(&done, WorkflowSchema::Current));
+        assert!(!unfinished(&json!({}), WorkflowSchema::Current));
+        // What it resumes from: the copy, whatever the status is now.
+        let mut wf = v012();
+        let b = backup(&wf).unwrap();
+        apply(&mut wf, &b);
+        wf["status"] = json!({"state": "RUNNING"});
+        let t = target(&wf).unwrap().unwrap();
+        assert_eq!(t["tasks"][0]["actions"][0]["executionDuration"], "7s");
+        assert!(convert(&wf).unwrap().is_some());
     }
 
     #[test]

@@ -120,6 +120,11 @@ struct Ctx {
     roles: Roles,
     recorder: Recorder,
     events: EventSink,
+    /// Per object applied: the resourceVersion the apply left and the body
+    /// sent. The server writes some values its own way ("0.5" CPU as
+    /// "500m"), so `holds` stays false; an object still at that version
+    /// is still what was applied, and needs no apply every reconcile.
+    applied: Mutex<std::collections::HashMap<String, (String, Value)>>,
 }
 
 #[derive(Clone)]
@@ -164,6 +169,7 @@ impl Supervisor {
             client: self.client,
             roles: self.roles,
             events: self.events,
+            applied: Mutex::default(),
         });
         tracing::info!("kube supervisor: watching Tinkerbell resources");
         controller
@@ -332,8 +338,11 @@ async fn reconcile(cached: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
                     return refuse(&ctx, &obj, &status, r).await;
                 }
             }
-            Step::Migrate => migrated = Some(migrate_workflows(&ctx, &obj, &plan).await?),
+            Step::Migrate => migrated = Some(migrate(&ctx, &obj, &status, &plan).await?),
         }
+    }
+    if migrated.is_none() && migrate::unfinished(&status, plan.release.workflows) {
+        migrated = Some(migrate(&ctx, &obj, &status, &plan).await?);
     }
     if !running.is_empty() && running != plan.release.version {
         ctx.event(
@@ -552,18 +561,16 @@ async fn duplicate(ctx: &Ctx, obj: &DynamicObject) -> Result<Option<Refusal>, Er
     let first = all
         .iter()
         .filter(|o| o.metadata.uid != obj.metadata.uid && o.metadata.deletion_timestamp.is_none())
-        .filter(|o| o.metadata.namespace == obj.metadata.namespace || target(o) == target(obj))
+        // Cluster-wide: the CRDs (and a Cluster-scoped stack's watches) are
+        // one per cluster, so two would undo each other's release.
         .filter(|o| key(o) < key(obj))
         .min_by_key(|o| key(o));
     Ok(first.map(|o| {
         let other = owner_of(o);
         Refusal::Duplicate(format!(
-            "Tinkerbell {other} already runs the stack {}: one Tinkerbell per namespace; delete {me} or {other}",
-            if other.namespace == me.namespace {
-                format!("in namespace {}", me.namespace)
-            } else {
-                format!("deployed into namespace {}", target(obj))
-            }
+            "Tinkerbell {other} already runs the stack (into namespace {}): one Tinkerbell per cluster, \
+             as the CRDs it installs are; delete {me} or {other}",
+            target(o)
         ))
     }))
 }
@@ -598,10 +605,22 @@ enum Applied {
 async fn apply(ctx: &Ctx, o: &Object) -> Result<Applied, Error> {
     let api = ctx.api(o.kind, o.namespace.as_deref());
     let live = get_opt(&api, &o.name).await?;
+    let id = o.id();
     let before = match &live {
         Some(l) => {
             let v = serde_json::to_value(l).unwrap_or_default();
             if desired::holds(&v, &o.body) {
+                return Ok(Applied::Unchanged);
+            }
+            let as_left = ctx
+                .applied
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&id)
+                .is_some_and(|(rv, body)| {
+                    Some(rv) == l.metadata.resource_version.as_ref() && *body == o.body
+                });
+            if as_left {
                 return Ok(Applied::Unchanged);
             }
             l.metadata.resource_version.clone()
@@ -617,6 +636,12 @@ async fn apply(ctx: &Ctx, o: &Object) -> Result<Applied, Error> {
         ),
     )
     .await?;
+    if let Some(rv) = done.metadata.resource_version.clone() {
+        ctx.applied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, (rv, o.body.clone()));
+    }
     Ok(match before {
         None => Applied::Created,
         // The server's own spelling of a value tinkerbox set is no change.
@@ -767,6 +792,34 @@ async fn apply_crds(ctx: &Ctx, plan: &Plan) -> Result<(), Error> {
     Ok(())
 }
 
+/// [`migrate_workflows`], its failure kept in the `Migrated` condition
+/// (False until a later attempt succeeds: the next reconcile resumes).
+async fn migrate(ctx: &Ctx, obj: &DynamicObject, status: &Value, plan: &Plan) -> Result<usize, Error> {
+    match migrate_workflows(ctx, obj, plan).await {
+        Ok(n) => Ok(n),
+        Err(e) => {
+            let mut new = status.clone();
+            if !new.is_object() {
+                new = json!({});
+            }
+            let mut conditions: Vec<Value> = status["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|c| c["type"] != "Migrated")
+                .collect();
+            conditions.push(condition(status, "Migrated", false, "MigrationFailed", e.to_string()));
+            new["conditions"] = json!(conditions);
+            // The error is the reconcile's; a failed status write is only logged.
+            if let Err(w) = write_status(ctx, obj, status, new).await {
+                tracing::warn!(error = %w, "kube supervisor: cannot record the failed migration");
+            }
+            Err(e)
+        }
+    }
+}
+
 /// tink v0.12 Workflows to the current shape (see `migrate`): the old
 /// tink's Deployments stopped first, the statuses kept, the new CRD
 /// applied, each status converted, the copies dropped. The number
@@ -826,18 +879,40 @@ async fn migrate_workflows(ctx: &Ctx, obj: &DynamicObject, plan: &Plan) -> Resul
             w.metadata.namespace.as_deref().unwrap_or("default"),
             &wf,
         );
-        match migrate::convert(&v) {
+        let target = match migrate::target(&v) {
+            Ok(t) => t.unwrap_or_default(),
+            Err(e) => {
+                failed.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let stored = match migrate::convert(&v) {
             Ok(Some(p)) => match call(
                 "converting a status",
                 api.patch_status(&name, &PatchParams::default(), &Patch::Merge(p)),
             )
             .await
             {
-                Ok(_) => converted += 1,
-                Err(e) => failed.push(format!("{name}: {e}")),
+                Ok(done) => done.data.get("status").cloned().unwrap_or_default(),
+                Err(e) => {
+                    failed.push(format!("{name}: {e}"));
+                    continue;
+                }
             },
-            Ok(None) => converted += 1,
-            Err(e) => failed.push(format!("{name}: {e}")),
+            Ok(None) => v.get("status").cloned().unwrap_or_default(),
+            Err(e) => {
+                failed.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        // An API server still on the old schema drops the new fields and
+        // answers 200: the copy stays until the status really is current.
+        if desired::holds(&stored, &target) {
+            converted += 1;
+        } else {
+            failed.push(format!(
+                "{name}: the API server did not keep the converted status (still the old CRD?)"
+            ));
         }
     }
     if !failed.is_empty() {
