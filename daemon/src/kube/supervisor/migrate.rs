@@ -70,7 +70,10 @@ pub fn target(wf: &Value) -> Result<Option<Value>, String> {
         serde_json::from_str(text).map_err(|e| format!("annotation {BACKUP} is not JSON: {e}"))?;
     let status = convert::status_from_cluster(&old)
         .ok_or_else(|| format!("annotation {BACKUP} is not a Workflow status"))?;
-    Ok(Some(convert::status_to_cluster(&status, WorkflowSchema::Current)))
+    Ok(Some(convert::status_to_cluster(
+        &status,
+        WorkflowSchema::Current,
+    )))
 }
 
 /// The status patch turning a kept Workflow's status into the current
@@ -197,7 +200,10 @@ mod tests {
         let failed = json!({"conditions": [{"type": "Migrated", "status": "False", "reason": "MigrationFailed"}]});
         let done = json!({"conditions": [{"type": "Migrated", "status": "True"}]});
         assert!(unfinished(&failed, WorkflowSchema::Current));
-        assert!(!unfinished(&failed, WorkflowSchema::V012), "not towards v0.12");
+        assert!(
+            !unfinished(&failed, WorkflowSchema::V012),
+            "not towards v0.12"
+        );
         assert!(!unfinished(&done, WorkflowSchema::Current));
         assert!(!unfinished(&json!({}), WorkflowSchema::Current));
         // What it resumes from: the copy, whatever the status is now.

@@ -794,7 +794,12 @@ async fn apply_crds(ctx: &Ctx, plan: &Plan) -> Result<(), Error> {
 
 /// [`migrate_workflows`], its failure kept in the `Migrated` condition
 /// (False until a later attempt succeeds: the next reconcile resumes).
-async fn migrate(ctx: &Ctx, obj: &DynamicObject, status: &Value, plan: &Plan) -> Result<usize, Error> {
+async fn migrate(
+    ctx: &Ctx,
+    obj: &DynamicObject,
+    status: &Value,
+    plan: &Plan,
+) -> Result<usize, Error> {
     match migrate_workflows(ctx, obj, plan).await {
         Ok(n) => Ok(n),
         Err(e) => {
@@ -809,7 +814,13 @@ async fn migrate(ctx: &Ctx, obj: &DynamicObject, status: &Value, plan: &Plan) ->
                 .into_iter()
                 .filter(|c| c["type"] != "Migrated")
                 .collect();
-            conditions.push(condition(status, "Migrated", false, "MigrationFailed", e.to_string()));
+            conditions.push(condition(
+                status,
+                "Migrated",
+                false,
+                "MigrationFailed",
+                e.to_string(),
+            ));
             new["conditions"] = json!(conditions);
             // The error is the reconcile's; a failed status write is only logged.
             if let Err(w) = write_status(ctx, obj, status, new).await {
