@@ -38,7 +38,7 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 const RESOURCE: &str = "customresourcedefinition.apiextensions.k8s.io";
 
 /// The embedded files, in the order they are applied: file name, contents.
-const FILES: [(&str, &str); 7] = [
+pub const FILES: [(&str, &str); 7] = [
     (
         "tinkerbell.org_hardware.yaml",
         include_str!("../../crds/tinkerbell.org_hardware.yaml"),
@@ -89,7 +89,8 @@ pub fn embedded() -> anyhow::Result<Vec<Crd>> {
     FILES.iter().map(|(file, yaml)| parse(file, yaml)).collect()
 }
 
-fn parse(file: &'static str, yaml: &'static str) -> anyhow::Result<Crd> {
+/// One embedded file, checked to be a CRD named `plural.group`.
+pub fn parse(file: &'static str, yaml: &'static str) -> anyhow::Result<Crd> {
     let doc: Value = serde_saphyr::from_str(yaml).with_context(|| format!("crds/{file}"))?;
     let s = |v: &Value| v.as_str().map(str::to_owned);
     if s(&doc["apiVersion"]).as_deref() != Some("apiextensions.k8s.io/v1")

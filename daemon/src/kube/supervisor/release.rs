@@ -5,6 +5,7 @@
 
 use super::Component;
 use crate::kube::convert::WorkflowSchema;
+use crate::kube::crds::FILES;
 
 /// How a release packages its components.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,37 +27,15 @@ pub struct Release {
     pub images: [(Component, &'static str); 3],
     /// The Workflow CRD's status schema (what a migration converts).
     pub workflows: WorkflowSchema,
-    /// The CRD files of this release (`daemon/crds/`), applied before the
-    /// Deployments.
+    /// The CRD files of this release (`daemon/crds/`: name, contents),
+    /// applied before the Deployments.
     pub crds: &'static [(&'static str, &'static str)],
 }
 
-const CURRENT_CRDS: [(&str, &str); 6] = [
-    (
-        "tinkerbell.org_hardware.yaml",
-        include_str!("../../../crds/tinkerbell.org_hardware.yaml"),
-    ),
-    (
-        "tinkerbell.org_templates.yaml",
-        include_str!("../../../crds/tinkerbell.org_templates.yaml"),
-    ),
-    (
-        "tinkerbell.org_workflows.yaml",
-        include_str!("../../../crds/tinkerbell.org_workflows.yaml"),
-    ),
-    (
-        "bmc.tinkerbell.org_machines.yaml",
-        include_str!("../../../crds/bmc.tinkerbell.org_machines.yaml"),
-    ),
-    (
-        "bmc.tinkerbell.org_jobs.yaml",
-        include_str!("../../../crds/bmc.tinkerbell.org_jobs.yaml"),
-    ),
-    (
-        "bmc.tinkerbell.org_tasks.yaml",
-        include_str!("../../../crds/bmc.tinkerbell.org_tasks.yaml"),
-    ),
-];
+/// Upstream's current CRDs: what `kube install-crds` applies, but
+/// tinkerbox's own.
+const CURRENT_CRDS: [(&str, &str); 6] =
+    [FILES[0], FILES[1], FILES[2], FILES[3], FILES[4], FILES[5]];
 
 /// tink v0.12's Workflow CRD (`STATE_*`, `worker`, `templateRending`); the
 /// other kinds' current CRDs accept everything v0.12 writes (they only
@@ -234,3 +213,39 @@ pub const LEADER_RULES: &[Rule] = &[
     (&[""], &["events"], &["create", "patch"]),
     (&["events.k8s.io"], &["events"], &["create", "patch"]),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_release_has_its_crds_and_images() {
+        for r in &RELEASES {
+            let names: Vec<String> = r
+                .crds
+                .iter()
+                .map(|(f, y)| crate::kube::crds::parse(f, y).unwrap().name)
+                .collect();
+            assert!(
+                names.contains(&"workflows.tinkerbell.org".to_string()),
+                "{}",
+                r.version
+            );
+            assert_eq!(names.len(), 6, "{}", r.version);
+            for c in Component::ALL {
+                assert!(r.image(c).ends_with(
+                    if c == Component::Rufio && r.profile == Profile::Split {
+                        "v0.6.3"
+                    } else {
+                        r.version
+                    }
+                ));
+            }
+        }
+        let v012 = find("0.12.2").unwrap();
+        let wf = crate::kube::crds::parse(v012.crds[2].0, v012.crds[2].1).unwrap();
+        assert_eq!(WorkflowSchema::of_crd(&wf.doc), WorkflowSchema::V012);
+        assert_eq!(find("").unwrap().version, "v0.25.0");
+        assert!(find("v0.13").is_none());
+    }
+}

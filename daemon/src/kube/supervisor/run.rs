@@ -20,10 +20,11 @@ use super::{
 };
 use crate::events::{Event as TbEvent, EventSink, Kind as EventKind};
 use crate::kube::convert::WorkflowSchema;
-use crate::kube::crds::FIELD_MANAGER;
+use crate::kube::crds::{self, FIELD_MANAGER};
 use crate::kube::rbac::Roles;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
+use kube::ResourceExt;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
@@ -209,6 +210,15 @@ impl Ctx {
         Api::namespaced_with(self.client.clone(), ns, &resource())
     }
 
+    /// The Workflows of `w`'s namespace.
+    fn workflows_of(&self, w: &DynamicObject) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.client.clone(),
+            w.metadata.namespace.as_deref().unwrap_or("default"),
+            &workflows(),
+        )
+    }
+
     fn api(&self, kind: ManagedKind, ns: Option<&str>) -> Api<DynamicObject> {
         match ns {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &managed(kind)),
@@ -268,36 +278,42 @@ async fn reconcile(cached: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
         return Ok(Action::await_change());
     };
     let finalizers = obj.metadata.finalizers.clone().unwrap_or_default();
-    if obj.metadata.deletion_timestamp.is_some() {
-        if finalizers.iter().any(|f| f == FINALIZER) {
-            cleanup(&ctx, &obj).await?;
-            let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
-            call(
-                "removing the finalizer",
-                api.patch(
-                    &owner.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"finalizers": rest,
-                        "resourceVersion": obj.metadata.resource_version}})),
-                ),
-            )
-            .await?;
+    let ours = finalizers.iter().any(|f| f == FINALIZER);
+    // The finalizers as they were plus or minus ours, on the version read.
+    let set_finalizer = async |on: bool| -> Result<(), Error> {
+        let mut list: Vec<&str> = finalizers
+            .iter()
+            .map(String::as_str)
+            .filter(|f| *f != FINALIZER)
+            .collect();
+        if on {
+            list.push(FINALIZER);
         }
-        return Ok(Action::await_change());
-    }
-    if !finalizers.iter().any(|f| f == FINALIZER) {
-        let mut all = finalizers.clone();
-        all.push(FINALIZER.into());
         call(
-            "adding the finalizer",
+            if on {
+                "adding the finalizer"
+            } else {
+                "removing the finalizer"
+            },
             api.patch(
                 &owner.name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": all,
+                &Patch::Merge(json!({"metadata": {"finalizers": list,
                     "resourceVersion": obj.metadata.resource_version}})),
             ),
         )
         .await?;
+        Ok(())
+    };
+    if obj.metadata.deletion_timestamp.is_some() {
+        if ours {
+            cleanup(&ctx, &obj).await?;
+            set_finalizer(false).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    if !ours {
+        set_finalizer(true).await?;
         // The change brings the next reconcile.
         return Ok(Action::await_change());
     }
@@ -482,6 +498,23 @@ fn condition(old: &Value, t: &str, on: bool, reason: &str, message: String) -> V
     json!({"type": t, "status": status, "reason": reason, "message": message, "lastTransitionTime": since})
 }
 
+/// `status` with condition `c` in place of the one of its type (the rest as
+/// it was).
+fn with_condition(status: &Value, c: Value) -> Value {
+    let mut new = if status.is_object() {
+        status.clone()
+    } else {
+        json!({})
+    };
+    let mut conditions = status["conditions"].as_array().cloned().unwrap_or_default();
+    match conditions.iter_mut().find(|o| o["type"] == c["type"]) {
+        Some(o) => *o = c,
+        None => conditions.push(c),
+    }
+    new["conditions"] = json!(conditions);
+    new
+}
+
 /// Merge-patch `/status` to `new` when it differs from `old`.
 async fn write_status(
     ctx: &Ctx,
@@ -517,22 +550,10 @@ async fn refuse(ctx: &Ctx, obj: &DynamicObject, old: &Value, r: Refusal) -> Resu
         ctx.event(obj, true, r.reason(), r.message().to_string())
             .await;
     }
-    let mut new = old.clone();
-    if !new.is_object() {
-        new = json!({});
-    }
-    let mut conditions: Vec<Value> = old["conditions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| c["type"] != "Reconciled")
-        .collect();
-    conditions.insert(
-        0,
+    let mut new = with_condition(
+        old,
         condition(old, "Reconciled", false, r.reason(), r.message().into()),
     );
-    new["conditions"] = json!(conditions);
     new["observedGeneration"] = json!(obj.metadata.generation.unwrap_or(0));
     write_status(ctx, obj, old, new).await?;
     Ok(Action::requeue(LATER))
@@ -710,12 +731,8 @@ async fn cleanup(ctx: &Ctx, obj: &DynamicObject) -> Result<(), Error> {
             .or_else(|| release::find(""));
         let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &crd_resource());
         for (file, yaml) in rel.map(|r| r.crds).unwrap_or_default() {
-            let Ok(doc) = serde_saphyr::from_str::<Value>(yaml) else {
-                continue;
-            };
-            let Some(name) = doc.pointer("/metadata/name").and_then(Value::as_str) else {
-                continue;
-            };
+            let crd = crds::parse(file, yaml).map_err(|e| Error::Failed(format!("{e:#}")))?;
+            let name = crd.name.as_str();
             match tokio::time::timeout(CALL, api.delete(name, &DeleteParams::background())).await {
                 Ok(Ok(_)) => crds_gone.push(name.to_string()),
                 Ok(Err(kube::Error::Api(s))) if s.code == 404 => {}
@@ -753,15 +770,11 @@ async fn cleanup(ctx: &Ctx, obj: &DynamicObject) -> Result<(), Error> {
 async fn apply_crds(ctx: &Ctx, plan: &Plan) -> Result<(), Error> {
     let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &crd_resource());
     for (file, yaml) in plan.release.crds {
-        let doc: Value =
-            serde_saphyr::from_str(yaml).map_err(|e| Error::Failed(format!("crds/{file}: {e}")))?;
-        let name = doc
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| Error::Failed(format!("crds/{file}: no name")))?;
+        let crd = crds::parse(file, yaml).map_err(|e| Error::Failed(format!("{e:#}")))?;
+        let (name, doc) = (crd.name.as_str(), &crd.doc);
         match get_opt(&api, name).await? {
-            Some(live)
-                if desired::holds(&serde_json::to_value(&live).unwrap_or_default(), &doc) => {}
+            Some(live) if desired::holds(&serde_json::to_value(&live).unwrap_or_default(), doc) => {
+            }
             // Replaced whole, not applied: an apply keeps the fields other
             // managers own, and another release's schema (v0.12's
             // `worker`, say) must not survive in this one's.
@@ -782,7 +795,7 @@ async fn apply_crds(ctx: &Ctx, plan: &Plan) -> Result<(), Error> {
                     api.patch(
                         name,
                         &PatchParams::apply(FIELD_MANAGER).force(),
-                        &Patch::Apply(&doc),
+                        &Patch::Apply(doc),
                     ),
                 )
                 .await?;
@@ -803,25 +816,10 @@ async fn migrate(
     match migrate_workflows(ctx, obj, plan).await {
         Ok(n) => Ok(n),
         Err(e) => {
-            let mut new = status.clone();
-            if !new.is_object() {
-                new = json!({});
-            }
-            let mut conditions: Vec<Value> = status["conditions"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|c| c["type"] != "Migrated")
-                .collect();
-            conditions.push(condition(
+            let new = with_condition(
                 status,
-                "Migrated",
-                false,
-                "MigrationFailed",
-                e.to_string(),
-            ));
-            new["conditions"] = json!(conditions);
+                condition(status, "Migrated", false, "MigrationFailed", e.to_string()),
+            );
             // The error is the reconcile's; a failed status write is only logged.
             if let Err(w) = write_status(ctx, obj, status, new).await {
                 tracing::warn!(error = %w, "kube supervisor: cannot record the failed migration");
@@ -857,14 +855,10 @@ async fn migrate_workflows(ctx: &Ctx, obj: &DynamicObject, plan: &Plan) -> Resul
     for w in &before {
         let v = serde_json::to_value(w).unwrap_or_default();
         if let Some(p) = migrate::backup(&v) {
-            let api: Api<DynamicObject> = Api::namespaced_with(
-                ctx.client.clone(),
-                w.metadata.namespace.as_deref().unwrap_or("default"),
-                &wf,
-            );
+            let api = ctx.workflows_of(w);
             call(
                 "keeping a v0.12 status",
-                api.patch(&w.name_any_or(), &PatchParams::default(), &Patch::Merge(p)),
+                api.patch(&w.name_any(), &PatchParams::default(), &Patch::Merge(p)),
             )
             .await?;
             kept += 1;
@@ -884,12 +878,8 @@ async fn migrate_workflows(ctx: &Ctx, obj: &DynamicObject, plan: &Plan) -> Resul
         if !migrate::kept(&v) {
             continue;
         }
-        let name = w.name_any_or();
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            ctx.client.clone(),
-            w.metadata.namespace.as_deref().unwrap_or("default"),
-            &wf,
-        );
+        let name = w.name_any();
+        let api = ctx.workflows_of(w);
         let target = match migrate::target(&v) {
             Ok(t) => t.unwrap_or_default(),
             Err(e) => {
@@ -941,15 +931,11 @@ async fn migrate_workflows(ctx: &Ctx, obj: &DynamicObject, plan: &Plan) -> Resul
         if !migrate::kept(&serde_json::to_value(w).unwrap_or_default()) {
             continue;
         }
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            ctx.client.clone(),
-            w.metadata.namespace.as_deref().unwrap_or("default"),
-            &wf,
-        );
+        let api = ctx.workflows_of(w);
         call(
             "dropping a kept status",
             api.patch(
-                &w.name_any_or(),
+                &w.name_any(),
                 &PatchParams::default(),
                 &Patch::Merge(migrate::drop_backup()),
             ),
@@ -969,16 +955,6 @@ async fn migrate_workflows(ctx: &Ctx, obj: &DynamicObject, plan: &Plan) -> Resul
         .await;
     }
     Ok(converted)
-}
-
-trait NameOr {
-    fn name_any_or(&self) -> String;
-}
-
-impl NameOr for DynamicObject {
-    fn name_any_or(&self) -> String {
-        self.metadata.name.clone().unwrap_or_default()
-    }
 }
 
 /// Each enabled component's health from its Deployment.
