@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 pub const BIN: &str = env!("CARGO_BIN_EXE_tinkerbox");
 
 pub fn compat_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/compat")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/compat")
 }
 
 /// A free loopback port for a daemon or peer the test starts.

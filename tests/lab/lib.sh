@@ -17,6 +17,8 @@ LAB_PACKAGES=(
 LAB_BRIDGE=${LAB_BRIDGE:-br0}
 LAB_ULA=${LAB_ULA:-fd99::1/64}
 export LAB_CACHE=${TB_LAB_CACHE:-/var/cache/tinkerbox-lab}
+# The repository this lib.sh belongs to.
+LAB_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 lab_log() { printf '[lab] %s\n' "$*" >&2; }
 
@@ -28,20 +30,14 @@ lab_missing_packages() {
     done
 }
 
-# lab_install_packages [PKG...] : apt-get installs what is missing (default:
-# LAB_PACKAGES), running apt-get update first only when something is missing.
+# lab_install_packages [PKG...] : installs what is missing (default:
+# LAB_PACKAGES) through tests/apt-install (QEMU as one consistent set).
 lab_install_packages() {
-    local -a want missing
-    if (($#)); then want=("$@"); else want=("${LAB_PACKAGES[@]}"); fi
-    mapfile -t missing < <(lab_missing_packages "${want[@]}")
-    ((${#missing[@]})) || return 0
-    if [[ $(id -u) -ne 0 ]]; then
-        lab_log "missing Debian packages: ${missing[*]} (run as root to install them)"
-        return 1
+    if (($#)); then
+        "$LAB_REPO/tests/apt-install" "$@"
+    else
+        "$LAB_REPO/tests/apt-install" "${LAB_PACKAGES[@]}"
     fi
-    lab_log "installing ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
 lab_ns_exists() { [[ -e /run/netns/$1 ]]; }

@@ -1,5 +1,5 @@
 //! The action images this agent runs natively. Each action reads the
-//! environment variables its image reads (../shared/WORKFLOWS.md) and ends
+//! environment variables its image reads (as in tinkerbell/actions) and ends
 //! with an [`Outcome`]; an image it does not know fails at once with a
 //! message naming it: there is no container runtime to hand it to.
 
