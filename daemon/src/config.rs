@@ -723,6 +723,33 @@ mod tests {
         )
     }
 
+    /// The package's /etc/tinkerbox/tinkerbox.toml shows the defaults as
+    /// `#key = value`: as shipped it sets nothing, and with every such line
+    /// uncommented it is still exactly the defaults (so it stays true).
+    #[test]
+    fn the_packaged_config_file_shows_the_defaults() {
+        let shipped = include_str!("../../systemd/tinkerbox.toml");
+        let c = load(shipped, &[], &[]).unwrap();
+        assert_eq!(c, Config::default());
+        fn setting(l: &str) -> Option<&str> {
+            l.strip_prefix('#').filter(|r| {
+                r.starts_with('[')
+                    || r.split_once(" =").is_some_and(|(k, _)| {
+                        !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                    })
+            })
+        }
+        let uncommented: String = shipped
+            .lines()
+            .map(|l| setting(l).unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let sections = uncommented.lines().filter(|l| l.starts_with('[')).count();
+        assert_eq!(sections, 11, "every section shown:\n{uncommented}");
+        let c = load(&uncommented, &[], &[]).unwrap();
+        assert_eq!(c, Config::default());
+    }
+
     #[test]
     fn defaults_and_layers() {
         let c = load("", &[], &[]).unwrap();

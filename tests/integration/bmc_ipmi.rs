@@ -18,7 +18,9 @@ const PASSWORD: &str = "tb-ipmi-Secret1";
 /// The chassis control program ipmi_sim runs (`<prog> <mc> get|set ...`):
 /// records each request, keeps power and boot device in files, and answers
 /// `get power` / `get boot` from them. A soft shutdown powers off at once,
-/// as an obliging OS would.
+/// as an obliging OS would. With a file `lag` holding N, a power change
+/// shows only N seconds after it was asked, as on a BMC that reports the old
+/// state until the host has acted.
 const CHASSIS_SCRIPT: &str = r#"#!/bin/sh
 dir=$(dirname "$0")
 echo "$*" >> "$dir/requests"
@@ -29,7 +31,12 @@ case $op in
 get)
     for p in "$@"; do
         case $p in
-        power) echo "power:$(cat "$dir/power")" ;;
+        power)
+            if [ -f "$dir/pending" ]; then
+                read -r v at < "$dir/pending"
+                if [ "$(date +%s)" -ge "$at" ]; then echo "$v" > "$dir/power"; rm -f "$dir/pending"; fi
+            fi
+            echo "power:$(cat "$dir/power")" ;;
         boot) echo "boot:$(cat "$dir/boot")" ;;
         *) echo "Invalid parameter: $p"; exit 1 ;;
         esac
@@ -37,7 +44,12 @@ get)
 set)
     while [ $# -ge 2 ]; do
         case $1 in
-        power) echo "$2" > "$dir/power" ;;
+        power)
+            if [ -f "$dir/lag" ]; then
+                echo "$2 $(( $(date +%s) + $(cat "$dir/lag") ))" > "$dir/pending"
+            else
+                echo "$2" > "$dir/power"
+            fi ;;
         reset) ;;
         boot) echo "$2" > "$dir/boot" ;;
         shutdown) echo 0 > "$dir/power" ;;
@@ -589,6 +601,43 @@ fn ipmi_jobs_through_the_daemon() {
     assert!(
         err.contains("authentication failed") && !err.contains("wrong-password"),
         "{err}"
+    );
+}
+
+/// A BMC that accepts a power change and reports it only later: the job's
+/// task completes once power reads back as asked, and the Machine's status
+/// says so (kubectl get machines, in kube mode), not the state of the
+/// moment the command was accepted.
+#[test]
+fn a_power_task_completes_once_the_bmc_reports_the_change() {
+    check_prerequisites();
+    let sim = Sim::start();
+    std::fs::write(sim.dir.join("lag"), "2\n").unwrap();
+    let d = crate::common::Daemon::start();
+    let docs = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: ipmi-creds}}\ndata: {{username: YWRtaW4=, password: \"{}\"}}\n---\napiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Machine\nmetadata: {{name: ipmi-1}}\nspec:\n  connection:\n    host: 127.0.0.1\n    port: {}\n    insecureTLS: false\n    authSecretRef: {{name: ipmi-creds}}\n    providerOptions: {{preferredOrder: [ipmitool], ipmitool: {{cipherSuite: \"3\"}}}}\n",
+        base64_of(PASSWORD),
+        sim.port
+    );
+    let f = crate::common::write_file(&d.dir, "ipmi.yaml", &docs);
+    d.cli_ok(&["bmc", "apply", "-f", f.to_str().unwrap()]);
+    assert_eq!(
+        d.cli_ok(&["bmc", "power", "ipmi-1", "on"]),
+        "power on via ipmi: power is on\n"
+    );
+    assert!(d.cli_ok(&["bmc", "get", "ipmi-1"]).contains(" on "));
+    assert_eq!(
+        d.cli_ok(&["bmc", "power", "ipmi-1", "off"]),
+        "power off via ipmi: power is off\n"
+    );
+    let get = d.cli_ok(&["bmc", "get", "ipmi-1"]);
+    assert!(get.contains(" off "), "{get}");
+    // Asked once each: waiting for the state is reading it, not asking again.
+    let sets = sim.sets();
+    assert_eq!(
+        sets.iter().filter(|s| s.contains("power")).count(),
+        2,
+        "{sets:?}"
     );
 }
 

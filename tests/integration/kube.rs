@@ -484,6 +484,76 @@ spec:
   - powerAction: "on"
 "#;
 
+/// A cluster that still runs tink v0.12's Workflow CRD: its `STATE_*`
+/// status, `worker` and `startedAt`/`seconds`, read in tinkerbox's schema.
+/// The CRD is installed before anything is watched: a real API server holds
+/// a status only in the installed schema (and prunes what it reads with the
+/// schema it had when it read it).
+#[test]
+fn a_v012_workflow_status_reads_as_the_current_schema() {
+    let cluster = Cluster::start();
+    let v012 =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/v0.12/tinkerbell.org_workflows.yaml");
+    cluster.kubectl(
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            v012.to_str().unwrap(),
+        ],
+        None,
+    );
+    cluster.kubectl(&["create", "-f", "-"], Some(&hw_doc("m1", M1, "10.8.0.1")));
+    cluster.kubectl(&["create", "-f", "-"], Some(TINK_AND_BMC));
+    let old = r#"{"status":{"state":"STATE_SUCCESS","templateRending":"successful",
+        "tasks":[{"name":"os","worker":"52:54:00:6b:00:01","actions":[{"name":"a","image":"bash","timeout":60,"status":"STATE_SUCCESS","startedAt":"2026-11-24T10:00:00Z","seconds":3}]}]}}"#;
+    let patch = [
+        "patch",
+        "workflow",
+        "w1",
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        old,
+    ];
+    // A real server may take a moment to serve the schema just applied.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = cluster.kubectl_output(&patch, None);
+        if o.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the v0.12 status was refused: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let d = kube_daemon_with(&cluster, "tink = \"external\"\nrufio = \"external\"\n");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, w) = d.api("GET", "/api/v1/workflows/w1?namespace=default", None);
+        let s = &w["status"];
+        if s["state"] == "SUCCESS"
+            && s["tasks"][0]["agentID"] == M1
+            && s["tasks"][0]["actions"][0]["state"] == "SUCCESS"
+            && s["tasks"][0]["actions"][0]["executionDuration"] == "3s"
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the v0.12 status, not within 10 s: tinkerbox has {s:#}\nthe cluster {}",
+            cluster.kubectl(&["get", "workflow", "w1", "-o", "json"], None),
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Every Tinkerbell kind is mirrored, not only Hardware. With Tink and
 /// Rufio external, the cluster's status is what tinkerbox shows (their
 /// controllers write it), nothing runs here, and no Secret is read.
@@ -542,29 +612,6 @@ fn templates_workflows_and_bmc_objects_are_mirrored_with_their_status() {
     until(5, "the cluster's status", &d, || {
         get("/api/v1/workflows/w1?namespace=default").1["status"]["state"] == "RUNNING"
     });
-    // v0.12's schema reads too.
-    let old = r#"{"status":{"state":"STATE_SUCCESS","templateRending":"successful",
-        "tasks":[{"name":"os","worker":"52:54:00:6b:00:01","actions":[{"name":"a","image":"bash","timeout":60,"status":"STATE_SUCCESS","startedAt":"2026-11-24T10:00:00Z","seconds":3}]}]}}"#;
-    cluster.kubectl(
-        &[
-            "patch",
-            "workflow",
-            "w1",
-            "--subresource",
-            "status",
-            "--type",
-            "merge",
-            "-p",
-            old,
-        ],
-        None,
-    );
-    until(5, "the v0.12 status", &d, || {
-        let w = get("/api/v1/workflows/w1?namespace=default").1;
-        w["status"]["state"] == "SUCCESS"
-            && w["status"]["tasks"][0]["actions"][0]["executionDuration"] == "3s"
-    });
-
     // Local writes of any mirrored kind are refused, naming the resource.
     let tpl = "apiVersion: tinkerbell.org/v1alpha1\nkind: Template\nmetadata: {name: t9}\nspec: {data: 'name: t9'}\n";
     let (code, body) = d.api(

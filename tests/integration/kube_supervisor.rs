@@ -175,6 +175,23 @@ fn supervisor_deploys_repairs_reports_and_removes_tink_and_rufio() {
         tb["metadata"]["uid"]
     );
     assert_eq!(tb["metadata"]["finalizers"][0], "tinkerbox.io/supervisor");
+    // The names the README gives work in kubectl as typed. (The bare
+    // singular is upstream's category of every Tinkerbell kind: a real API
+    // server's discovery makes `kubectl get tinkerbell` list them all, the
+    // stack among them; kmock's has no categories.)
+    for kind in ["tb", "tinkerbells", "tinkerbell.tinkerbox.io"] {
+        let out = c.kubectl(&["get", kind, "stack", "-n", NS, "-o", "name"], None);
+        assert_eq!(
+            out.trim(),
+            "tinkerbell.tinkerbox.io/stack",
+            "kubectl get {kind} stack"
+        );
+    }
+    let all = c.kubectl(&["get", "tinkerbell", "-n", NS, "-o", "name"], None);
+    assert!(
+        all.lines().any(|l| l == "tinkerbell.tinkerbox.io/stack"),
+        "kubectl get tinkerbell: {all}"
+    );
 
     // The status: what runs, honestly not available (no pod ever starts).
     until(30, "the status", &d, || {

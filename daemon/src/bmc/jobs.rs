@@ -19,6 +19,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 
+/// How often the power state is read again until it shows a power action.
+const SETTLE_EVERY: Duration = Duration::from_secs(1);
+
 /// One protocol and how to reach the BMC with it.
 pub type Way = (&'static dyn Protocol, Target);
 
@@ -124,8 +127,9 @@ async fn act(p: &dyn Protocol, t: &Target, a: &Action) -> Result<Option<PowerSta
 struct Failure {
     /// The last protocol's error, named (`redfish: ...`).
     message: String,
-    /// A protocol refused the credentials: retrying will not help.
-    auth: bool,
+    /// Retrying will not help: a protocol refused the credentials, or the
+    /// BMC accepted the action and did not carry it out.
+    give_up: bool,
 }
 
 /// Try `a` on each way in turn, each under a hard deadline around the
@@ -138,14 +142,14 @@ async fn try_each(
 ) -> Result<(Option<PowerState>, &'static str), Failure> {
     let mut fail = Failure {
         message: "no protocol to try".into(),
-        auth: false,
+        give_up: false,
     };
     let mut tried = false;
     for (p, t) in ways {
         match tokio::time::timeout(timeout + Duration::from_secs(1), act(*p, t, a)).await {
             Ok(Ok(power)) => return Ok((power, p.name())),
             Ok(Err(e)) => {
-                fail.auth |= matches!(e, BmcError::Auth(_));
+                fail.give_up |= matches!(e, BmcError::Auth(_));
                 // A protocol without the operation says less than one
                 // that tried it and failed.
                 if !matches!(e, BmcError::Unsupported(_)) || !tried {
@@ -369,7 +373,19 @@ impl Runner {
                     last_err = "cannot persist the task before sending it".into();
                     break;
                 }
-                match try_each(&ways, &action, self.task_timeout).await {
+                let outcome = match try_each(&ways, &action, self.task_timeout).await {
+                    Ok((power, protocol)) => self
+                        .settle(&ways, action.power_action, power)
+                        .await
+                        .map(|power| (power, protocol))
+                        .map_err(|message| Failure {
+                            message: format!("{protocol}: {message}"),
+                            // Accepted: Rufio does not send it again either.
+                            give_up: true,
+                        }),
+                    Err(f) => Err(f),
+                };
+                match outcome {
                     Ok((power, protocol)) => {
                         if let Some(ts) = j.task_states.get_mut(i) {
                             ts.state = State::Completed;
@@ -384,7 +400,7 @@ impl Runner {
                     }
                     Err(f) => {
                         last_err = f.message;
-                        if f.auth {
+                        if f.give_up {
                             break;
                         }
                     }
@@ -419,6 +435,47 @@ impl Runner {
             }
         }
         self.finish(&mut j, State::Completed, None).await;
+    }
+
+    /// After a power action, the state the BMC reports once it has acted:
+    /// a task is Completed only when power reads back as asked (on, or off
+    /// after a hard or soft off), as Rufio's task controller checks before
+    /// it completes a Task. BMCs report the old state for a moment after
+    /// accepting a change (ipmi_sim's chassis script, a BMC waiting on the
+    /// host's ACPI), so the state is read again every second, for at most
+    /// the task timeout. Other actions answer with what they reported.
+    async fn settle(
+        &self,
+        ways: &[Way],
+        action: Option<PowerAction>,
+        reported: Option<PowerState>,
+    ) -> Result<Option<PowerState>, String> {
+        let want = match action {
+            Some(PowerAction::On) => PowerState::On,
+            Some(PowerAction::Off | PowerAction::Soft) => PowerState::Off,
+            _ => return Ok(reported),
+        };
+        let status = Action {
+            power_action: Some(PowerAction::Status),
+            ..Action::default()
+        };
+        let deadline = tokio::time::Instant::now() + self.task_timeout;
+        let mut seen = reported;
+        while seen != Some(want) {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "the BMC accepted power {} but still reports power {} after {:?}",
+                    action.map_or("?", PowerAction::as_str),
+                    seen.map_or("unknown", PowerState::as_str),
+                    self.task_timeout
+                ));
+            }
+            tokio::time::sleep(SETTLE_EVERY).await;
+            if let Ok((Some(p), _)) = try_each(ways, &status, self.task_timeout).await {
+                seen = Some(p);
+            }
+        }
+        Ok(seen)
     }
 
     /// Read every BMC's power state every `every`; a change is an event of
