@@ -555,6 +555,16 @@ fn ipmi_unreachable_bmc_times_out() {
     assert!(tries >= 2, "{tries} datagram(s) sent in {limit:?}");
 }
 
+/// Rufio's documents for the simulator: its credentials' Secret and a BMC
+/// Machine `ipmi-1` that reaches it over IPMI only.
+fn machine_docs(sim: &Sim) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: ipmi-creds}}\ndata: {{username: YWRtaW4=, password: \"{}\"}}\n---\napiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Machine\nmetadata: {{name: ipmi-1}}\nspec:\n  connection:\n    host: 127.0.0.1\n    port: {}\n    insecureTLS: false\n    authSecretRef: {{name: ipmi-creds}}\n    providerOptions: {{preferredOrder: [ipmitool], ipmitool: {{cipherSuite: \"3\"}}}}\n",
+        base64_of(PASSWORD),
+        sim.port
+    )
+}
+
 /// The same simulator driven through the daemon: Rufio documents applied
 /// with the CLI, power and boot device as jobs, answered over IPMI.
 #[test]
@@ -562,11 +572,7 @@ fn ipmi_jobs_through_the_daemon() {
     check_prerequisites();
     let sim = Sim::start();
     let d = crate::common::Daemon::start();
-    let docs = format!(
-        "apiVersion: v1\nkind: Secret\nmetadata: {{name: ipmi-creds}}\ndata: {{username: YWRtaW4=, password: \"{}\"}}\n---\napiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Machine\nmetadata: {{name: ipmi-1}}\nspec:\n  connection:\n    host: 127.0.0.1\n    port: {}\n    insecureTLS: false\n    authSecretRef: {{name: ipmi-creds}}\n    providerOptions: {{preferredOrder: [ipmitool], ipmitool: {{cipherSuite: \"3\"}}}}\n",
-        base64_of(PASSWORD),
-        sim.port
-    );
+    let docs = machine_docs(&sim);
     let f = crate::common::write_file(&d.dir, "ipmi.yaml", &docs);
     d.cli_ok(&["bmc", "apply", "-f", f.to_str().unwrap()]);
     assert_eq!(
@@ -614,11 +620,7 @@ fn a_power_task_completes_once_the_bmc_reports_the_change() {
     let sim = Sim::start();
     std::fs::write(sim.dir.join("lag"), "2\n").unwrap();
     let d = crate::common::Daemon::start();
-    let docs = format!(
-        "apiVersion: v1\nkind: Secret\nmetadata: {{name: ipmi-creds}}\ndata: {{username: YWRtaW4=, password: \"{}\"}}\n---\napiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Machine\nmetadata: {{name: ipmi-1}}\nspec:\n  connection:\n    host: 127.0.0.1\n    port: {}\n    insecureTLS: false\n    authSecretRef: {{name: ipmi-creds}}\n    providerOptions: {{preferredOrder: [ipmitool], ipmitool: {{cipherSuite: \"3\"}}}}\n",
-        base64_of(PASSWORD),
-        sim.port
-    );
+    let docs = machine_docs(&sim);
     let f = crate::common::write_file(&d.dir, "ipmi.yaml", &docs);
     d.cli_ok(&["bmc", "apply", "-f", f.to_str().unwrap()]);
     assert_eq!(

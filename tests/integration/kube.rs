@@ -237,6 +237,34 @@ impl Cluster {
         c
     }
 
+    /// tink v0.12's Workflow CRD in place of the current one, as a cluster
+    /// that still runs tink v0.12 (its `STATE_*` status, `worker`).
+    pub(crate) fn install_v012_workflow_crd(&self) {
+        let crd =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/v0.12/tinkerbell.org_workflows.yaml");
+        let crd = crd.to_str().unwrap();
+        self.kubectl(
+            &["apply", "--server-side", "--force-conflicts", "-f", crd],
+            None,
+        );
+    }
+
+    /// A merge patch of `kind/name`'s status, as a controller writes it.
+    pub(crate) fn patch_status(&self, kind: &str, name: &str, patch: &str) -> std::process::Output {
+        let args = [
+            "patch",
+            kind,
+            name,
+            "--subresource",
+            "status",
+            "--type",
+            "merge",
+            "-p",
+            patch,
+        ];
+        self.kubectl_output(&args, None)
+    }
+
     pub(crate) fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
         let o = self.kubectl_output(args, stdin);
         assert!(
@@ -492,37 +520,15 @@ spec:
 #[test]
 fn a_v012_workflow_status_reads_as_the_current_schema() {
     let cluster = Cluster::start();
-    let v012 =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/v0.12/tinkerbell.org_workflows.yaml");
-    cluster.kubectl(
-        &[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            v012.to_str().unwrap(),
-        ],
-        None,
-    );
+    cluster.install_v012_workflow_crd();
     cluster.kubectl(&["create", "-f", "-"], Some(&hw_doc("m1", M1, "10.8.0.1")));
     cluster.kubectl(&["create", "-f", "-"], Some(TINK_AND_BMC));
     let old = r#"{"status":{"state":"STATE_SUCCESS","templateRending":"successful",
         "tasks":[{"name":"os","worker":"52:54:00:6b:00:01","actions":[{"name":"a","image":"bash","timeout":60,"status":"STATE_SUCCESS","startedAt":"2026-11-24T10:00:00Z","seconds":3}]}]}}"#;
-    let patch = [
-        "patch",
-        "workflow",
-        "w1",
-        "--subresource",
-        "status",
-        "--type",
-        "merge",
-        "-p",
-        old,
-    ];
     // A real server may take a moment to serve the schema just applied.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let o = cluster.kubectl_output(&patch, None);
+        let o = cluster.patch_status("workflow", "w1", old);
         if o.status.success() {
             break;
         }
@@ -595,20 +601,8 @@ fn templates_workflows_and_bmc_objects_are_mirrored_with_their_status() {
     // tink-controller (external) writes the status: tinkerbox shows it.
     let status = r#"{"status":{"state":"RUNNING","agentID":"52:54:00:6b:00:01","templateRendering":"successful",
         "tasks":[{"id":"t-1","name":"os","agentID":"52:54:00:6b:00:01","actions":[{"id":"a-1","name":"a","image":"bash","timeout":60,"state":"RUNNING"}]}]}}"#;
-    cluster.kubectl(
-        &[
-            "patch",
-            "workflow",
-            "w1",
-            "--subresource",
-            "status",
-            "--type",
-            "merge",
-            "-p",
-            status,
-        ],
-        None,
-    );
+    let o = cluster.patch_status("workflow", "w1", status);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     until(5, "the cluster's status", &d, || {
         get("/api/v1/workflows/w1?namespace=default").1["status"]["state"] == "RUNNING"
     });

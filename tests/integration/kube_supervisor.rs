@@ -8,7 +8,6 @@
 use crate::common::*;
 use crate::kube::{Cluster, kube_daemon_with, until};
 use serde_json::Value;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 const EXTERNAL: &str = "tink = \"external\"\nrufio = \"external\"\n";
@@ -375,18 +374,7 @@ fn supervisor_migrates_v012_workflows_on_upgrade_and_refuses_what_it_cannot() {
     );
     // A cluster as tink v0.12.2 left it: its Workflow CRD, and Workflows
     // with its status shape.
-    let v012 =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/v0.12/tinkerbell.org_workflows.yaml");
-    c.kubectl(
-        &[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            v012.to_str().unwrap(),
-        ],
-        None,
-    );
+    c.install_v012_workflow_crd();
     let _ = c.kubectl_output(
         &[
             "wait",
