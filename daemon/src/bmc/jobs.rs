@@ -375,7 +375,7 @@ impl Runner {
                 }
                 let outcome = match try_each(&ways, &action, self.task_timeout).await {
                     Ok((power, protocol)) => self
-                        .settle(&ways, action.power_action, power)
+                        .settle(&ways, protocol, action.power_action, power)
                         .await
                         .map(|power| (power, protocol))
                         .map_err(|message| Failure {
@@ -440,13 +440,16 @@ impl Runner {
     /// After a power action, the state the BMC reports once it has acted:
     /// a task is Completed only when power reads back as asked (on, or off
     /// after a hard or soft off), as Rufio's task controller checks before
-    /// it completes a Task. BMCs report the old state for a moment after
-    /// accepting a change (ipmi_sim's chassis script, a BMC waiting on the
-    /// host's ACPI), so the state is read again every second, for at most
-    /// the task timeout. Other actions answer with what they reported.
+    /// it completes a Task. What the action answered is not enough (Redfish
+    /// answers the state it asked for; IPMI BMCs report the old state for a
+    /// moment after accepting a change; a soft off waits on the host's
+    /// ACPI), so the state is read through the protocol that took the
+    /// action, at once and then every second, all within the task timeout.
+    /// Other actions answer with what they reported.
     async fn settle(
         &self,
         ways: &[Way],
+        protocol: &str,
         action: Option<PowerAction>,
         reported: Option<PowerState>,
     ) -> Result<Option<PowerState>, String> {
@@ -455,14 +458,27 @@ impl Runner {
             Some(PowerAction::Off | PowerAction::Soft) => PowerState::Off,
             _ => return Ok(reported),
         };
+        let way: Vec<Way> = ways
+            .iter()
+            .filter(|(p, _)| p.name() == protocol)
+            .cloned()
+            .collect();
         let status = Action {
             power_action: Some(PowerAction::Status),
             ..Action::default()
         };
         let deadline = tokio::time::Instant::now() + self.task_timeout;
-        let mut seen = reported;
-        while seen != Some(want) {
-            if tokio::time::Instant::now() >= deadline {
+        let mut seen = None;
+        loop {
+            let read =
+                tokio::time::timeout_at(deadline, try_each(&way, &status, self.task_timeout));
+            if let Ok(Ok((Some(p), _))) = read.await {
+                seen = Some(p);
+            }
+            if seen == Some(want) {
+                return Ok(seen);
+            }
+            if tokio::time::Instant::now() + SETTLE_EVERY >= deadline {
                 return Err(format!(
                     "the BMC accepted power {} but still reports power {} after {:?}",
                     action.map_or("?", PowerAction::as_str),
@@ -471,11 +487,7 @@ impl Runner {
                 ));
             }
             tokio::time::sleep(SETTLE_EVERY).await;
-            if let Ok((Some(p), _)) = try_each(ways, &status, self.task_timeout).await {
-                seen = Some(p);
-            }
         }
-        Ok(seen)
     }
 
     /// Read every BMC's power state every `every`; a change is an event of
