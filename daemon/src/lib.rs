@@ -29,3 +29,10 @@ pub mod tftp;
 pub mod token;
 pub mod udp;
 pub mod workflow;
+
+/// The upstream fixtures (CRDs, Templates, examples) the unit tests read:
+/// `tests/compat/` of this repository.
+#[cfg(test)]
+pub(crate) fn compat_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/compat")
+}

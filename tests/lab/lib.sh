@@ -22,14 +22,6 @@ LAB_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 lab_log() { printf '[lab] %s\n' "$*" >&2; }
 
-# lab_missing_packages PKG... : prints the ones not installed.
-lab_missing_packages() {
-    local p
-    for p in "$@"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || printf '%s\n' "$p"
-    done
-}
-
 # lab_install_packages [PKG...] : installs what is missing (default:
 # LAB_PACKAGES) through tests/apt-install (QEMU as one consistent set).
 lab_install_packages() {

@@ -492,7 +492,7 @@ mod tests {
 
     #[test]
     fn rufio_samples_parse() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/compat");
+        let dir = crate::compat_dir();
         for f in [
             "rufio-machine_v1alpha1.yaml",
             "rufio-job_v1alpha1.yaml",

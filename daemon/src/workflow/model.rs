@@ -427,7 +427,7 @@ mod tests {
     use serde_json::json;
 
     fn compat(prefix: &str) -> Vec<(String, Value)> {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/compat");
+        let dir = crate::compat_dir();
         let mut out = vec![];
         for e in std::fs::read_dir(&dir).unwrap() {
             let p = e.unwrap().path();

@@ -501,7 +501,7 @@ mod tests {
     /// CAPT Workflow gives it.
     #[test]
     fn the_compat_templates_render() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/compat");
+        let dir = crate::compat_dir();
         let Ok(entries) = std::fs::read_dir(&dir) else {
             panic!("the compat corpus is missing: {}", dir.display());
         };
