@@ -19,6 +19,9 @@ pub struct Options {
     pub insecure_tls: bool,
     /// Where the agent's log lines go too (UDP 514), when set.
     pub syslog_host: Option<String>,
+    /// Registries oci2disk may pull from in plain HTTP (HookOS's
+    /// `insecure_registries=`, comma separated).
+    pub insecure_registries: String,
 }
 
 /// Values given by flag or environment, each overriding the command line.
@@ -126,6 +129,7 @@ pub fn resolve(cmdline: &HashMap<String, String>, o: &Overrides) -> Result<Optio
         tls,
         insecure_tls,
         syslog_host,
+        insecure_registries: get("insecure_registries").unwrap_or("").to_string(),
     })
 }
 
@@ -138,7 +142,7 @@ mod tests {
         let line = "BOOT_IMAGE=vmlinuz initrd=initramfs console=ttyS0,115200 quiet \
             grpc_authority=10.99.0.1:42113 tinkerbell_tls=false tinkerbell_insecure_tls=false \
             worker_id=52:54:00:00:00:01 hw_addr=52:54:00:00:00:01 syslog_host=10.99.0.1 \
-            packet_action=workflow\n";
+            packet_action=workflow insecure_registries=10.99.0.1:5000,reg.lab\n";
         let o = resolve(&parse_cmdline(line), &Overrides::default()).unwrap();
         assert_eq!(
             o,
@@ -148,6 +152,7 @@ mod tests {
                 tls: false,
                 insecure_tls: false,
                 syslog_host: Some("10.99.0.1".into()),
+                insecure_registries: "10.99.0.1:5000,reg.lab".into(),
             }
         );
     }

@@ -144,6 +144,7 @@ fn main() -> ExitCode {
             runner: Runner {
                 work_dir: args.work_dir.clone(),
                 power: !args.no_power,
+                insecure_registries: opts.insecure_registries.clone(),
             },
         };
         let stop = async {

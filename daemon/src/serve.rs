@@ -32,10 +32,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // engine does not run here.
     let native = |r: crate::config::Role| !config.kube.enabled || r == crate::config::Role::Native;
     let (tink, rufio) = (native(config.kube.tink), native(config.kube.rufio));
-    let client = match &app.kube {
-        Some(_) => Some(crate::kube::client::client(&config.kube).await?),
+    let clients = match &app.kube {
+        Some(_) => Some(crate::kube::client::clients(&config.kube).await?),
         None => None,
     };
+    let client = clients.as_ref().map(|c| c.requests.clone());
     let cluster = client
         .as_ref()
         .map(|c| Arc::new(crate::kube::writer::Cluster::new(c.clone())));
@@ -82,7 +83,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 let pusher = crate::kube::writer::Pusher {
                     store: app.store.clone(),
                     cluster: c.clone(),
-                    outbox: app.services.link.outbox.clone(),
+                    link: app.services.link.clone(),
                     workflows: tink,
                     bmc: rufio,
                 };
@@ -99,36 +100,50 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut host_writers = vec![];
     let stop_leading = Arc::new(tokio::sync::Notify::new());
     let mut lead_task = None;
-    match (&app.kube, client) {
-        (Some(sync), Some(client)) => {
-            kube_tasks.extend(
-                crate::kube::mirror::Mirror {
-                    services: app.services.clone(),
-                    sync: sync.clone(),
-                    metrics: app.metrics.clone(),
-                    events: app.events.clone(),
-                    tink_external: !tink,
-                    rufio_external: !rufio,
-                }
-                .spawn(
-                    client.clone(),
-                    &config.kube.namespace,
-                    &crate::kube::mirror::kinds(&config.kube),
-                ),
-            );
+    match (&app.kube, clients) {
+        (Some(sync), Some(clients)) => {
+            let namespace = config.kube.namespace.clone();
+            let kinds = crate::kube::mirror::kinds(&config.kube);
+            let mirror = crate::kube::mirror::Mirror {
+                services: app.services.clone(),
+                sync: sync.clone(),
+                metrics: app.metrics.clone(),
+                events: app.events.clone(),
+                tink_external: !tink,
+                rufio_external: !rufio,
+            };
+            kube_tasks.extend(mirror.spawn(clients.watches.clone(), &namespace, &kinds));
             kube_tasks.push(tokio::spawn(crate::kube::supervisor::run::follow(
-                client.clone(),
+                clients.watches.clone(),
                 sync.tink_address.clone(),
             )));
-            lead_task = Some(tokio::spawn(crate::kube::lead::run(
-                client,
-                config.kube.lease_namespace(),
-                config.kube.lease_name(),
-                sync.clone(),
-                app.events.clone(),
-                stop_leading.clone(),
-                writers,
-            )));
+            let lease_ns = config.kube.lease_namespace();
+            let election = crate::kube::lead::Election {
+                api: kube::Api::namespaced(clients.lease.clone(), &lease_ns),
+                name: config.kube.lease_name(),
+                namespace: lease_ns,
+                identity: crate::kube::lead::identity(),
+                // Where followers forward the worker API to.
+                address: (tink && config.tink.enabled)
+                    .then(|| format!("{}:{}", app.public_ip, config.tink.listen.port())),
+            };
+            let requests = clients.requests.clone();
+            let hooks = crate::kube::lead::Hooks {
+                sync: sync.clone(),
+                events: app.events.clone(),
+                stop: stop_leading.clone(),
+                start: writers,
+                resync: move || {
+                    let (mirror, client, namespace, kinds) = (
+                        mirror.clone(),
+                        requests.clone(),
+                        namespace.clone(),
+                        kinds.clone(),
+                    );
+                    async move { mirror.resync(client, &namespace, &kinds).await }
+                },
+            };
+            lead_task = Some(tokio::spawn(crate::kube::lead::run(election, hooks)));
         }
         _ => {
             host_writers = writers();
@@ -399,7 +414,14 @@ async fn listen(app: &Arc<App>, token: Arc<str>) -> anyhow::Result<Running> {
     };
 
     let tink_task = if config.tink.enabled {
-        Some(serve_tink(app.clone(), &config.tink).await?)
+        // Kube mode with Tink native: a follower forwards to the leader.
+        let forwarder = match &app.kube {
+            Some(sync) if config.kube.tink == crate::config::Role::Native => Some(
+                crate::grpc::forward::Forwarder::new(sync.clone(), config.tink.tls()),
+            ),
+            _ => None,
+        };
+        Some(serve_tink(app.clone(), &config.tink, forwarder).await?)
     } else {
         None
     };
@@ -438,6 +460,7 @@ async fn rustls_config(
 async fn serve_tink(
     app: Arc<App>,
     tink: &crate::config::TinkConfig,
+    forwarder: Option<Arc<crate::grpc::forward::Forwarder>>,
 ) -> anyhow::Result<(
     axum_server::Handle<std::net::SocketAddr>,
     tokio::task::JoinHandle<std::io::Result<()>>,
@@ -445,7 +468,13 @@ async fn serve_tink(
     let sock = std::net::TcpListener::bind(tink.listen)
         .with_context(|| format!("tink.listen {}: cannot bind", tink.listen))?;
     sock.set_nonblocking(true)?;
-    let router = tonic::service::Routes::new(crate::grpc::service(app)).into_axum_router();
+    let mut router = tonic::service::Routes::new(crate::grpc::service(app)).into_axum_router();
+    if let Some(f) = forwarder {
+        router = router.layer(axum::middleware::from_fn_with_state(
+            f,
+            crate::grpc::forward::forward,
+        ));
+    }
     let handle = axum_server::Handle::<std::net::SocketAddr>::new();
     let task = match (&tink.tls_cert, &tink.tls_key) {
         (Some(cert), Some(key)) => {

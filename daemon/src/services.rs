@@ -522,6 +522,10 @@ pub enum WorkerError {
     Refused(#[from] Refusal),
     #[error("the workflow kept changing while this request was applied; try again")]
     Busy,
+    /// Kube mode: the cluster did not take the change; the worker tries
+    /// again (its answer waits until the change is safe).
+    #[error("the cluster did not take this change ({0}); try again")]
+    Unavailable(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -539,13 +543,45 @@ pub struct WorkflowService {
     /// GetAction's refusals by agent, with the store's workflow generation
     /// they were derived at: a rack of finished agents polling every
     /// second is answered from here until a Workflow changes.
-    refusals: std::sync::Mutex<std::collections::HashMap<String, (u64, Refusal)>>,
+    refusals: std::sync::Mutex<Refusals>,
     /// Kube mode: every status written is owed to the cluster.
     link: Arc<Link>,
 }
 
-/// Agents whose refusal is remembered, at most (then forgotten at once).
-const MAX_REMEMBERED: usize = 65_536;
+/// Bytes of remembered refusals (ids and messages), at most: then all are
+/// forgotten at once. Ids are at most [`agent::AGENT_ID_MAX`] bytes, so
+/// this is some 10,000 agents at the worst and far more in practice.
+const REFUSALS_MAX_BYTES: usize = 4 << 20;
+
+/// GetAction's remembered refusals, bounded in bytes (a packet chooses
+/// the ids).
+#[derive(Default)]
+struct Refusals {
+    by_agent: std::collections::HashMap<String, (u64, Refusal)>,
+    bytes: usize,
+}
+
+impl Refusals {
+    fn get(&self, agent: &str, generation: u64) -> Option<Refusal> {
+        self.by_agent
+            .get(agent)
+            .filter(|(g, _)| *g == generation)
+            .map(|(_, r)| r.clone())
+    }
+
+    fn put(&mut self, agent: &str, generation: u64, r: Refusal) {
+        let cost = |a: &str, r: &Refusal| a.len() + r.to_string().len() + 64;
+        let add = cost(agent, &r);
+        if self.bytes + add > REFUSALS_MAX_BYTES {
+            self.by_agent.clear();
+            self.bytes = 0;
+        }
+        if let Some((_, old)) = self.by_agent.insert(agent.to_string(), (generation, r)) {
+            self.bytes = self.bytes.saturating_sub(cost(agent, &old));
+        }
+        self.bytes += add;
+    }
+}
 
 impl WorkflowService {
     pub fn new(store: Store, events: EventSink, metrics: Arc<Metrics>, wake: Arc<Notify>) -> Self {
@@ -655,11 +691,10 @@ impl WorkflowService {
     /// GetAction for `agent`: the action to run, with `currentState`
     /// written first (retried when another writer came between).
     pub async fn get_action(&self, agent: &str) -> Result<Served, WorkerError> {
+        agent::check_agent_id(agent)?;
         let remembered = |generation: u64| {
             let m = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
-            m.get(agent)
-                .filter(|(g, _)| *g == generation)
-                .map(|(_, r)| r.clone())
+            m.get(agent, generation)
         };
         if let Some(r) = remembered(self.store.workflow_generation()) {
             return Err(r.into());
@@ -671,10 +706,7 @@ impl WorkflowService {
                 Ok(s) => s,
                 Err(r) => {
                     let mut m = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
-                    if m.len() >= MAX_REMEMBERED {
-                        m.clear();
-                    }
-                    m.insert(agent.to_string(), (generation, r.clone()));
+                    m.put(agent, generation, r.clone());
                     return Err(r.into());
                 }
             };
@@ -687,12 +719,27 @@ impl WorkflowService {
                 return Ok(served);
             }
             match self.save_status(row, &served.status).await {
-                Ok(_) => return Ok(served),
+                Ok(v) => {
+                    self.durable(&row.key, v, &served.status).await?;
+                    return Ok(served);
+                }
                 Err(StoreError::Stale { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
         }
         Err(WorkerError::Busy)
+    }
+
+    /// Kube mode: a worker's answer waits until the cluster has every
+    /// milestone it carries ([`Link::make_durable`]).
+    async fn durable(&self, key: &Key, version: i64, next: &Status) -> Result<(), WorkerError> {
+        self.link
+            .make_durable(&self.store, key, version, next)
+            .await
+            .map_err(|e| {
+                tracing::warn!(workflow = %key, error = %e, "kube: a worker's change is not in the cluster yet; the worker will retry");
+                WorkerError::Unavailable(e.to_string())
+            })
     }
 
     /// A worker's report, applied to the Workflow it names by `apply`
@@ -708,7 +755,8 @@ impl WorkflowService {
             };
             let next = apply(&row.status)?;
             match self.save_status(&row, &next).await {
-                Ok(_) => {
+                Ok(v) => {
+                    self.durable(key, v, &next).await?;
                     // The engine acts on states (POST, ...), not on
                     // action reports: wake it only when the state moved.
                     if next.state != row.status.state {
@@ -825,6 +873,25 @@ mod tests {
             v1,
             "no second write"
         );
+    }
+
+    /// Remembered refusals stay under their byte bound whatever ids come.
+    #[test]
+    fn remembered_refusals_are_bounded_in_bytes() {
+        let mut r = Refusals::default();
+        let no = Refusal::NotFound("no Workflows found".into());
+        for i in 0..200_000 {
+            let id = format!("{i:0>240}");
+            r.put(&id, 1, no.clone());
+            assert!(r.bytes <= REFUSALS_MAX_BYTES);
+        }
+        assert!(!r.by_agent.is_empty());
+        let last = format!("{:0>240}", 199_999);
+        assert_eq!(r.get(&last, 1), Some(no.clone()));
+        assert_eq!(r.get(&last, 2), None, "another generation");
+        let before = r.bytes;
+        r.put(&last, 2, no);
+        assert_eq!(r.bytes, before, "replacing an entry costs nothing more");
     }
 
     #[tokio::test]

@@ -141,7 +141,9 @@ fn wait_final(d: &Daemon, name: &str, bound: Duration) -> Value {
 const MAC: &str = "02:00:00:00:00:21";
 
 fn apply(d: &Daemon, name: &str, mac: &str, actions: &str) {
-    let ip = if mac == MAC { "10.0.0.21" } else { "10.0.0.22" };
+    // One address per MAC: its last byte.
+    let last = mac.rsplit(':').next().unwrap_or("0");
+    let ip = format!("10.0.0.{}", u8::from_str_radix(last, 16).unwrap_or(0));
     let docs = format!(
         r#"---
 apiVersion: tinkerbell.org/v1alpha1
@@ -441,16 +443,31 @@ struct Registry {
 
 impl Registry {
     fn start(dir: &Path) -> Registry {
+        Registry::start_with(dir, None)
+    }
+
+    /// `tls`: the certificate and key it serves HTTPS with (only).
+    fn start_with(dir: &Path, tls: Option<(&Path, &Path)>) -> Registry {
         let port = crate::common::free_port();
         let addr = format!("127.0.0.1:{port}");
+        let tls_cfg = tls
+            .map(|(c, k)| {
+                format!(
+                    ", tls: {{certificate: {}, key: {}}}",
+                    c.display(),
+                    k.display()
+                )
+            })
+            .unwrap_or_default();
         let cfg = write_file(
             dir,
             "registry.yml",
             &format!(
-                "version: 0.1\nlog: {{level: warn}}\nstorage: {{filesystem: {{rootdirectory: {}}}}}\nhttp: {{addr: {addr}}}\n",
+                "version: 0.1\nlog: {{level: warn}}\nstorage: {{filesystem: {{rootdirectory: {}}}}}\nhttp: {{addr: {addr}{tls_cfg}}}\n",
                 dir.join("registry").display()
             ),
         );
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let child = Command::new("docker-registry")
             .arg("serve")
             .arg(cfg)
@@ -462,7 +479,7 @@ impl Registry {
         let r = Registry { child, addr };
         let t0 = Instant::now();
         while Command::new("curl")
-            .args(["-sf", "-m", "1", &format!("http://{}/v2/", r.addr)])
+            .args(["-skf", "-m", "1", &format!("{scheme}://{}/v2/", r.addr)])
             .output()
             .map(|o| !o.status.success())
             .unwrap_or(true)
@@ -504,8 +521,9 @@ impl Drop for Registry {
     }
 }
 
-/// oci2disk pulls the disk image layer from a real registry (plain HTTP:
-/// the agent tries HTTPS first and falls back, as for a lab registry),
+/// oci2disk pulls the disk image layer from a real registry (plain HTTP,
+/// allowed by INSECURE_REGISTRIES: the agent tries HTTPS first and falls
+/// back, as for a lab registry),
 /// checks it against its digest and streams it onto the disk; a tag that
 /// is not there fails the action with the registry's answer.
 #[test]
@@ -527,9 +545,10 @@ fn oci2disk_streams_an_image_from_a_registry() {
         "oci",
         MAC,
         &format!(
-            "      - {{name: stream, image: quay.io/tinkerbell/actions/oci2disk, timeout: 120, environment: {{IMG_URL: '{}/capt/ubuntu:2404-amd64.gz', DEST_DISK: {}, COMPRESSED: true}}}}\n",
+            "      - {{name: stream, image: quay.io/tinkerbell/actions/oci2disk, timeout: 120, environment: {{IMG_URL: '{}/capt/ubuntu:2404-amd64.gz', DEST_DISK: {}, COMPRESSED: true, INSECURE_REGISTRIES: '{}'}}}}\n",
             reg.addr,
-            disk.display()
+            disk.display(),
+            reg.addr
         ),
     );
     let agent = Agent::start(&d, MAC);
@@ -548,9 +567,10 @@ fn oci2disk_streams_an_image_from_a_registry() {
         "missing",
         mac2,
         &format!(
-            "      - {{name: stream, image: oci2disk, timeout: 60, environment: {{IMG_URL: '{}/capt/ubuntu:nope', DEST_DISK: {}}}}}\n",
+            "      - {{name: stream, image: oci2disk, timeout: 60, environment: {{IMG_URL: '{}/capt/ubuntu:nope', DEST_DISK: {}, INSECURE_REGISTRIES: '{}'}}}}\n",
             reg.addr,
-            disk.display()
+            disk.display(),
+            reg.addr
         ),
     );
     let _agent = Agent::start(&d, mac2);
@@ -560,6 +580,85 @@ fn oci2disk_streams_an_image_from_a_registry() {
         .as_str()
         .unwrap();
     assert!(msg.contains("404") && msg.contains("nope"), "{msg}");
+}
+
+/// Registry credentials never travel in clear: an HTTPS registry whose
+/// certificate the OSIE does not trust fails the action (no plain HTTP
+/// retry, although the registry is listed as insecure, because the action
+/// has credentials); a plain HTTP registry the user did not list is never
+/// tried; `http://` with credentials is refused before any request.
+#[test]
+fn oci2disk_never_falls_back_to_plain_http_with_credentials() {
+    let d = Daemon::start();
+    let (cert, key) = (d.dir.join("reg.crt"), d.dir.join("reg.key"));
+    crate::common::self_signed_leaf(&cert, &key, "registry");
+    let tls = Registry::start_with(&d.dir, Some((&cert, &key)));
+    let disk = d.dir.join("disk.img");
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let cases = [
+        (
+            "tls",
+            "02:00:00:00:00:31",
+            format!(
+                "IMG_URL: '{0}/capt/ubuntu:x', INSECURE_REGISTRIES: '{0}', REGISTRY_USERNAME: u, REGISTRY_PASSWORD: p",
+                tls.addr
+            ),
+        ),
+        (
+            "unlisted",
+            "02:00:00:00:00:32",
+            format!("IMG_URL: '{}/capt/ubuntu:x'", tls.addr),
+        ),
+        (
+            "clear",
+            "02:00:00:00:00:33",
+            format!(
+                "IMG_URL: 'http://{}/capt/ubuntu:x', REGISTRY_USERNAME: u, REGISTRY_PASSWORD: p",
+                tls.addr
+            ),
+        ),
+    ];
+    let mut agents = vec![];
+    for (name, mac, env) in &cases {
+        apply(
+            &d,
+            name,
+            mac,
+            &format!(
+                "      - {{name: stream, image: oci2disk, timeout: 30, environment: {{{env}, DEST_DISK: {}}}}}\n",
+                disk.display()
+            ),
+        );
+        agents.push(Agent::start(&d, mac));
+    }
+    let msg = |w: &serde_json::Value| {
+        w["status"]["tasks"][0]["actions"][0]["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let w = wait_final(&d, "tls", Duration::from_secs(60));
+    assert_eq!(w["status"]["state"], "FAILED", "{w:#}");
+    let m = msg(&w);
+    assert!(m.contains("https://") && m.contains("certificate"), "{m}");
+    assert!(!m.contains("http://"), "no plain HTTP attempt: {m}");
+    let w = wait_final(&d, "unlisted", Duration::from_secs(60));
+    assert_eq!(w["status"]["state"], "FAILED", "{w:#}");
+    assert!(msg(&w).contains("certificate"), "{}", msg(&w));
+    let w = wait_final(&d, "clear", Duration::from_secs(60));
+    assert_eq!(w["status"]["state"], "FAILED", "{w:#}");
+    assert!(msg(&w).contains("never sent"), "{}", msg(&w));
+    let log = std::fs::read_to_string(d.dir.join("registry.log"))
+        .unwrap_or_default()
+        .to_lowercase();
+    assert!(
+        !log.contains("http request to an https server"),
+        "no plain HTTP request reached the registry: {log}"
+    );
+    drop(tls);
 }
 
 /// TLS to the Tink server: verified against the CA file the OSIE has
@@ -616,7 +715,7 @@ fn the_agent_speaks_tls_verified_or_insecure() {
         .unwrap()
         .replace("insecure", "wrong-ca")
         .replace(mac2, mac3)
-        .replace("10.0.0.22", "10.0.0.24");
+        .replace("10.0.0.34", "10.0.0.36");
     let f = write_file(&d.dir, "wrong-ca.yaml", &docs);
     d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
     let _c = Agent::start_with(

@@ -12,6 +12,7 @@ mod dhcp;
 mod hardware;
 mod kube;
 mod kube_cli;
+mod kube_ha;
 mod kube_supervisor;
 mod metadata;
 mod netns;

@@ -314,3 +314,36 @@ fn grpc_over_tls() {
         "{script}"
     );
 }
+
+/// The daemon's resident memory, from /proc.
+fn rss_kib(d: &Daemon) -> u64 {
+    let pid = d.child.as_ref().expect("running").id();
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// GetAction with agent ids a hostile network chooses: 300 distinct ids
+/// of ~1 MB (the gRPC limit) are each refused with InvalidArgument and
+/// none is remembered, so the daemon's memory stays where it was (a
+/// cache keyed by them once took it from 33 to 337 MB).
+#[test]
+fn oversized_agent_ids_are_refused_and_never_remembered() {
+    let d = Daemon::start();
+    pending_wf1(&d);
+    let before = rss_kib(&d);
+    let lines = peer(&d, &["flood", "1000000", "--polls", "300"]);
+    let codes = &lines.last().unwrap()["codes"];
+    assert_eq!(codes["INVALID_ARGUMENT"], 300, "{codes}");
+    let after = rss_kib(&d);
+    assert!(
+        after < before + 40 * 1024,
+        "RSS {before} KiB -> {after} KiB after 300 MB of agent ids"
+    );
+    // A real agent is still served.
+    let lines = peer(&d, &["agent", "02:00:00:00:00:01"]);
+    assert!(lines.iter().any(|l| l["event"] == "served"), "{lines:#?}");
+}

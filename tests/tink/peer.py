@@ -6,6 +6,7 @@ modules that grpcio-tools generated from the UPSTREAM .proto files
 what was reported, the codes the server answered, and a final summary.
 
   peer.py STUBS agent ADDR AGENT_ID [--fail|--timeout|--hang ACTION] [--polls N] [--tls CA.pem]
+  peer.py STUBS flood ADDR ID_BYTES --polls N   (GetAction with N distinct ids)
   peer.py STUBS worker ADDR WORKER_ID [--polls N]
   peer.py STUBS raw ADDR HEXBYTES      (send bytes to ReportActionStatus)
 
@@ -136,6 +137,28 @@ def worker(stubs, a):
     out(event="done", ran=ran)
 
 
+def flood(stubs, a):
+    """--polls GetActions, each with a fresh agent id of ID bytes: what a
+    hostile network can send (the gRPC limit is 1 MiB a message)."""
+    sys.path.insert(0, f"{stubs}/agent")
+    import grpc
+    import get_action_request_pb2 as req_pb
+    import workflow_service_pb2_grpc as svc
+
+    stub = svc.WorkflowServiceStub(channel(a))
+    size = int(a.id)
+    codes = {}
+    for i in range(a.polls):
+        agent_id = (f"{i:08d}" * (size // 8 + 1))[:size]
+        try:
+            stub.GetAction(req_pb.ActionRequest(agent_id=agent_id), timeout=5)
+            c = "OK"
+        except grpc.RpcError as e:
+            c = e.code().name
+        codes[c] = codes.get(c, 0) + 1
+    out(event="flood", codes=codes)
+
+
 def raw(stubs, a):
     import grpc
     ch = grpc.insecure_channel(a.addr)
@@ -151,7 +174,7 @@ def raw(stubs, a):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("stubs")
-    p.add_argument("role", choices=["agent", "worker", "raw"])
+    p.add_argument("role", choices=["agent", "worker", "raw", "flood"])
     p.add_argument("addr")
     p.add_argument("id")
     p.add_argument("--fail")
@@ -160,7 +183,7 @@ def main():
     p.add_argument("--polls", type=int, default=200)
     p.add_argument("--tls", help="CA certificate (PEM): speak TLS, trusting it")
     a = p.parse_args()
-    {"agent": agent, "worker": worker, "raw": raw}[a.role](a.stubs, a)
+    {"agent": agent, "worker": worker, "raw": raw, "flood": flood}[a.role](a.stubs, a)
 
 
 if __name__ == "__main__":

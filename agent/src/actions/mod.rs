@@ -116,6 +116,9 @@ pub struct Runner {
     pub work_dir: PathBuf,
     /// Reboot, poweroff and kexec really happen (false: they are logged).
     pub power: bool,
+    /// Registries oci2disk may reach in plain HTTP (`insecure_registries=`
+    /// on the kernel command line), beside an action's own list.
+    pub insecure_registries: String,
 }
 
 impl Default for Runner {
@@ -123,6 +126,7 @@ impl Default for Runner {
         Runner {
             work_dir: PathBuf::from("/run/tinkerbox-agent"),
             power: true,
+            insecure_registries: String::new(),
         }
     }
 }
@@ -178,7 +182,9 @@ pub async fn run(runner: &Runner, action: &Action, progress: Progress) -> Outcom
     let env = Env(&action.env);
     match kind {
         Kind::Image2Disk => disk::image2disk(&env, &progress).await.into(),
-        Kind::Oci2Disk => oci::oci2disk(&env, &progress).await.into(),
+        Kind::Oci2Disk => oci::oci2disk(&env, &runner.insecure_registries, &progress)
+            .await
+            .into(),
         Kind::WriteFile => writefile::run(runner, &env).await.into(),
         Kind::Cexec => cexec::run(runner, &env, &action.command).await.into(),
         Kind::Archive2Disk => archive::run(runner, &env, &progress).await.into(),

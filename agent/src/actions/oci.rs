@@ -8,11 +8,15 @@
 //! client every action already has. The crates that do it (oci-client)
 //! bring a second HTTP stack and buffer blobs in memory.
 //!
-//! HTTPS is tried first; when it cannot connect, plain HTTP, as `docker
-//! pull` does for an insecure registry (a lab's registry on :5000 is plain
-//! HTTP). The blob is always checked against the manifest's digest; pin
-//! the manifest too (`repo@sha256:...`) to make the whole pull
-//! tamper-evident.
+//! HTTPS, always, unless the user allowed plain HTTP for the registry:
+//! `http://` in `IMG_URL`, or the registry listed in `INSECURE_REGISTRIES`
+//! (the action's) or `insecure_registries=` (the kernel command line,
+//! HookOS's name), as docker's `insecure-registries`: then HTTPS is tried
+//! first and plain HTTP only when no HTTPS answer came at all (a lab's
+//! registry on :5000). Registry credentials are never sent in clear: with
+//! them there is no fallback, and `http://` is refused. The blob is always
+//! checked against the manifest's digest; pin the manifest too
+//! (`repo@sha256:...`) to make the whole pull tamper-evident.
 
 use super::disk::stream_to_disk;
 use super::fetch::chain;
@@ -166,12 +170,50 @@ pub fn challenge(h: &str) -> Option<(String, Vec<(String, String)>)> {
     Some((scheme.to_ascii_lowercase(), params))
 }
 
+/// The largest manifest or index read: real ones are a few KiB.
+const MANIFEST_MAX: usize = 4 << 20;
+
+/// Whether `registry` (`host[:port]`) is one the user allows plain HTTP
+/// for: listed in `list` (comma or space separated, `host` or `host:port`).
+pub fn plain_http_allowed(list: &str, registry: &str) -> bool {
+    let host = registry
+        .rsplit_once(':')
+        .filter(|(_, p)| p.parse::<u16>().is_ok())
+        .map_or(registry, |(h, _)| h);
+    list.split([',', ' '])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .any(|s| s.eq_ignore_ascii_case(registry) || s.eq_ignore_ascii_case(host))
+}
+
+/// The schemes tried, in order: HTTPS alone unless plain HTTP is allowed
+/// for the registry and no credentials would go with it.
+pub fn schemes(
+    r: &Reference,
+    plain_allowed: bool,
+    credentials: bool,
+) -> Result<Vec<&'static str>, ActionError> {
+    match r.scheme.as_deref() {
+        Some("http") if credentials => Err(ActionError::Env(format!(
+            "IMG_URL is http:// and REGISTRY_USERNAME is set: credentials are never sent to {} in clear; use https",
+            r.registry
+        ))),
+        Some("http") => Ok(vec!["http"]),
+        Some(_) => Ok(vec!["https"]),
+        None if plain_allowed && !credentials => Ok(vec!["https", "http"]),
+        None => Ok(vec!["https"]),
+    }
+}
+
 struct Registry {
     http: reqwest::Client,
     base: String,
     user: Option<(String, String)>,
     /// The Authorization header won from the registry, once.
     auth: Option<String>,
+    /// Whether the registry answered anything over HTTP: only a registry
+    /// that never did may be tried again in plain HTTP.
+    answered: bool,
 }
 
 impl Registry {
@@ -186,6 +228,7 @@ impl Registry {
                 .send()
                 .await
                 .map_err(|e| ActionError::Failed(format!("GET {url}: {}", chain(&e))))?;
+            self.answered = true;
             if resp.status() == StatusCode::UNAUTHORIZED && attempt == 0 {
                 let h = resp
                     .headers()
@@ -286,23 +329,36 @@ impl Registry {
         r: &Reference,
         reference: &str,
     ) -> Result<(Manifest, Vec<u8>), ActionError> {
-        let resp = self
+        let mut resp = self
             .get(
                 &format!("/v2/{}/manifests/{reference}", r.repository),
                 MANIFEST_TYPES,
             )
             .await?;
-        let body = resp
-            .bytes()
+        let too_big = || ActionError::Failed(format!("the manifest is over {MANIFEST_MAX} bytes"));
+        if resp
+            .content_length()
+            .is_some_and(|n| n > MANIFEST_MAX as u64)
+        {
+            return Err(too_big());
+        }
+        // Read under the limit, not whole first: a hostile registry's
+        // endless body stops here.
+        let mut body = Vec::new();
+        while let Some(chunk) = resp
+            .chunk()
             .await
-            .map_err(|e| ActionError::Failed(format!("reading the manifest: {}", chain(&e))))?;
-        if body.len() > 4 << 20 {
-            return Err(ActionError::Failed("the manifest is over 4 MiB".into()));
+            .map_err(|e| ActionError::Failed(format!("reading the manifest: {}", chain(&e))))?
+        {
+            if body.len() + chunk.len() > MANIFEST_MAX {
+                return Err(too_big());
+            }
+            body.extend_from_slice(&chunk);
         }
         let m = serde_json::from_slice(&body).map_err(|e| {
             ActionError::Failed(format!("the manifest of {reference} is not JSON: {e}"))
         })?;
-        Ok((m, body.to_vec()))
+        Ok((m, body))
     }
 }
 
@@ -318,7 +374,13 @@ fn check_digest(digest: &str, body: &[u8]) -> Result<(), ActionError> {
     Ok(())
 }
 
-pub async fn oci2disk(env: &Env<'_>, progress: &Progress) -> Result<String, ActionError> {
+/// `insecure`: the registries the agent's command line allows plain HTTP
+/// for (`insecure_registries=`).
+pub async fn oci2disk(
+    env: &Env<'_>,
+    insecure: &str,
+    progress: &Progress,
+) -> Result<String, ActionError> {
     let img = env.required("IMG_URL")?;
     let dest = env.required("DEST_DISK")?;
     let compressed = env.flag("COMPRESSED", false)?;
@@ -329,18 +391,17 @@ pub async fn oci2disk(env: &Env<'_>, progress: &Progress) -> Result<String, Acti
     };
     let r = parse_reference(img)?;
     let http = super::fetch::client_with(skip_verify)?;
-    let schemes: Vec<&str> = match r.scheme.as_deref() {
-        Some(s) => vec![s],
-        None => vec!["https", "http"],
-    };
+    let allowed = plain_http_allowed(env.get("INSECURE_REGISTRIES").unwrap_or(""), &r.registry)
+        || plain_http_allowed(insecure, &r.registry);
     let mut last = None;
     let mut found = None;
-    for scheme in schemes {
+    for scheme in schemes(&r, allowed, user.is_some())? {
         let mut reg = Registry {
             http: http.clone(),
             base: format!("{scheme}://{}", r.registry),
             user: user.clone(),
             auth: None,
+            answered: false,
         };
         match reg.manifest(&r, &r.reference).await {
             Ok(m) => {
@@ -349,7 +410,13 @@ pub async fn oci2disk(env: &Env<'_>, progress: &Progress) -> Result<String, Acti
             }
             Err(e) => {
                 tracing::info!(registry = %reg.base, error = %e, "oci2disk: manifest");
+                let answered = reg.answered;
                 last = Some(e);
+                if answered {
+                    // An HTTPS answer (401, 404, ...) is the registry's
+                    // word: plain HTTP would not change it.
+                    break;
+                }
             }
         }
     }
@@ -418,6 +485,29 @@ mod tests {
         );
         assert!(parse_reference("ftp://x/y").is_err());
         assert!(parse_reference("justaname").is_err());
+    }
+
+    /// Plain HTTP only where the user allowed it, never with credentials.
+    #[test]
+    fn plain_http_needs_permission_and_no_credentials() {
+        let bare = parse_reference("10.99.0.1:5000/capt/ubuntu:x").unwrap();
+        assert_eq!(schemes(&bare, false, false).unwrap(), ["https"]);
+        assert_eq!(schemes(&bare, true, false).unwrap(), ["https", "http"]);
+        assert_eq!(
+            schemes(&bare, true, true).unwrap(),
+            ["https"],
+            "credentials"
+        );
+        let http = parse_reference("http://10.99.0.1:5000/capt/ubuntu:x").unwrap();
+        assert_eq!(schemes(&http, false, false).unwrap(), ["http"]);
+        assert!(schemes(&http, false, true).is_err());
+        let https = parse_reference("https://reg.example/a:b").unwrap();
+        assert_eq!(schemes(&https, true, false).unwrap(), ["https"]);
+        assert!(plain_http_allowed("10.99.0.1:5000", "10.99.0.1:5000"));
+        assert!(plain_http_allowed("reg.lab, 10.99.0.1", "10.99.0.1:5000"));
+        assert!(!plain_http_allowed("10.99.0.1:5001", "10.99.0.1:5000"));
+        assert!(!plain_http_allowed("", "10.99.0.1:5000"));
+        assert!(!plain_http_allowed("10.99.0.10", "10.99.0.1:5000"));
     }
 
     #[test]

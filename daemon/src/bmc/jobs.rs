@@ -216,10 +216,17 @@ impl Runner {
 
     /// Recover from the last run, then start pending jobs as they come.
     pub async fn run(self: Arc<Self>) {
+        // The jobs' tasks belong to this run: aborting it (the leadership
+        // lost) aborts them all, none outlives the leadership that began it.
+        let mut tasks = tokio::task::JoinSet::new();
+        if let Ok(mut r) = self.running.lock() {
+            r.clear(); // none from an earlier run is still going
+        }
         if let Err(e) = self.recover().await {
             tracing::error!(error = %e, "bmc: recovering jobs failed");
         }
         loop {
+            while tasks.try_join_next().is_some() {}
             match self.store.jobs(Some(State::Pending)).await {
                 Ok(jobs) => {
                     for j in jobs {
@@ -229,7 +236,7 @@ impl Runner {
                             .map(|mut r| r.insert(j.id))
                             .unwrap_or(false);
                         if fresh {
-                            tokio::spawn(self.clone().execute(j));
+                            tasks.spawn(self.clone().execute(j));
                         }
                     }
                 }

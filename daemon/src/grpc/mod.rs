@@ -5,6 +5,7 @@
 //! shared ReportActionStatus path is told apart in [`report`]. The
 //! decisions are [`crate::workflow::agent`]'s; this is the thin shell.
 
+pub mod forward;
 pub mod report;
 
 /// Generated from `proto/workflow.proto` (build.rs).
@@ -41,6 +42,7 @@ impl From<WorkerError> for Code {
             WorkerError::Refused(Refusal::NotFound(m)) => Code::not_found(m),
             WorkerError::Refused(Refusal::FailedPrecondition(m)) => Code::failed_precondition(m),
             WorkerError::Busy => Code::aborted(e.to_string()),
+            WorkerError::Unavailable(_) => Code::unavailable(e.to_string()),
             WorkerError::Store(s) => {
                 tracing::error!(error = %s, "tink gRPC: store error");
                 Code::internal(format!("error reading from backend: {s}"))

@@ -7,12 +7,46 @@ use anyhow::Context;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::time::Duration;
 
-/// Every request but a watch (which kube bounds itself) gets an answer
-/// within this, or fails and is retried by the caller's backoff.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Every request but a watch gets an answer within this, or fails and is
+/// retried by the caller's backoff (a watch is bounded by kube's own idle
+/// timeout, 290 s plus a margin, and must not be cut at 30 s of quiet).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub async fn client(cfg: &KubeConfig) -> anyhow::Result<kube::Client> {
+/// The clients of one cluster, by what they carry.
+#[derive(Clone)]
+pub struct Clients {
+    /// Reads and writes: each read bounded by [`REQUEST_TIMEOUT`], and
+    /// rate limited by `[kube] qps`/`burst`.
+    pub requests: kube::Client,
+    /// Watches: no read timeout (kube's watcher bounds a quiet stream),
+    /// not rate limited (a watch is one long request).
+    pub watches: kube::Client,
+    /// The Lease alone: never waits behind status traffic in the limiter.
+    pub lease: kube::Client,
+}
+
+pub async fn clients(cfg: &KubeConfig) -> anyhow::Result<Clients> {
+    let config = config(cfg).await?;
+    let mut bounded = config.clone();
+    bounded.read_timeout = Some(REQUEST_TIMEOUT);
+    let build = |c: kube::Config, limited: bool| -> anyhow::Result<kube::Client> {
+        let builder = kube::client::ClientBuilder::try_from(c).context("kube client")?;
+        Ok(match window(cfg.qps, cfg.burst).filter(|_| limited) {
+            Some((n, per)) => builder
+                .with_layer(&tower::limit::RateLimitLayer::new(n, per))
+                .build(),
+            None => builder.build(),
+        })
+    };
+    Ok(Clients {
+        requests: build(bounded.clone(), true)?,
+        watches: build(config, false)?,
+        lease: build(bounded, false)?,
+    })
+}
+
+async fn config(cfg: &KubeConfig) -> anyhow::Result<kube::Config> {
     let mut config = match &cfg.kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
@@ -27,13 +61,12 @@ pub async fn client(cfg: &KubeConfig) -> anyhow::Result<kube::Client> {
     };
     config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.write_timeout = Some(REQUEST_TIMEOUT);
-    let builder = kube::client::ClientBuilder::try_from(config).context("kube client")?;
-    Ok(match window(cfg.qps, cfg.burst) {
-        Some((n, per)) => builder
-            .with_layer(&tower::limit::RateLimitLayer::new(n, per))
-            .build(),
-        None => builder.build(),
-    })
+    Ok(config)
+}
+
+/// The request client alone (the CLI's `kube` commands).
+pub async fn client(cfg: &KubeConfig) -> anyhow::Result<kube::Client> {
+    Ok(clients(cfg).await?.requests)
 }
 
 /// `[kube] qps`/`burst` as tower's window: up to `burst` requests at once,

@@ -210,6 +210,53 @@ impl Mirror {
         }
     }
 
+    /// A new leader's first step: list every kind whose status the
+    /// engines write and take the cluster's copy whole (this instance does
+    /// not lead yet, so the status is the cluster's), so the engines go on
+    /// from what the previous leader wrote, not from an older copy still on
+    /// its way through the watch. A list is read from etcd's quorum: it
+    /// holds every write the previous leader made before it stepped down.
+    pub async fn resync(
+        &self,
+        client: kube::Client,
+        namespace: &str,
+        kinds: &[Kind],
+    ) -> anyhow::Result<()> {
+        for &kind in kinds {
+            if !matches!(
+                kind,
+                Kind::Workflow | Kind::Job | Kind::Task | Kind::Machine
+            ) {
+                continue;
+            }
+            let ar = resource(kind);
+            let api: Api<DynamicObject> = if namespace.is_empty() {
+                Api::all_with(client.clone(), &ar)
+            } else {
+                Api::namespaced_with(client.clone(), namespace, &ar)
+            };
+            let list = tokio::time::timeout(
+                super::client::REQUEST_TIMEOUT,
+                api.list(&Default::default()),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("listing {}: no answer in time", kind_name(kind)))?
+            .map_err(|e| anyhow::anyhow!("listing {}: {e}", kind_name(kind)))?;
+            let docs: Vec<Value> = list
+                .items
+                .into_iter()
+                .map(|o| document(o, &ar))
+                .filter(|d| wanted(kind, d, self.rufio_external))
+                .collect();
+            self.count(kind, "resync");
+            self.services
+                .mirror(kind, Mirrored::All(docs), true)
+                .await
+                .map_err(|e| anyhow::anyhow!("storing {}: {e}", kind_name(kind)))?;
+        }
+        Ok(())
+    }
+
     async fn apply(&self, kind: Kind, change: Mirrored) -> Result<(), crate::store::StoreError> {
         let s = &self.services;
         // The cluster's status is the truth unless this instance writes

@@ -15,9 +15,10 @@ use crate::hardware::{FieldError, Key};
 use crate::kinds::Kind;
 use crate::store::Store;
 use crate::store::bmc::{JobKind, JobRow, State as JobState};
+use crate::workflow::model::Milestones;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -271,6 +272,10 @@ fn strip(v: &Value) -> Value {
 pub struct Link {
     cluster: std::sync::OnceLock<std::sync::Arc<Cluster>>,
     pub outbox: std::sync::Arc<Outbox>,
+    /// Workflow status pushes, one at a time (each reads the newest row,
+    /// so none is overtaken by an older one), and what the last push of
+    /// each Workflow carried: its store version and milestones.
+    pushed: tokio::sync::Mutex<HashMap<Key, (i64, Milestones)>>,
 }
 
 impl Link {
@@ -282,6 +287,81 @@ impl Link {
     pub fn cluster(&self) -> Option<&std::sync::Arc<Cluster>> {
         self.cluster.get()
     }
+
+    /// A worker was given or reported `next` (stored as `version`): in
+    /// kube mode, while this instance leads with Tink native, the cluster
+    /// has every milestone before the worker is answered, so that no
+    /// leader after this one serves an action again or loses a result.
+    /// A progress report (no milestone moved since the last push) only
+    /// waits in the outbox.
+    pub async fn make_durable(
+        &self,
+        store: &Store,
+        key: &Key,
+        version: i64,
+        next: &crate::workflow::model::Status,
+    ) -> Result<(), WriteError> {
+        let Some(cluster) = self.cluster.get() else {
+            return Ok(());
+        };
+        if !self.outbox.pushing_workflows() {
+            return Ok(());
+        }
+        let mut pushed = self.pushed.lock().await;
+        if let Some((v, m)) = pushed.get(key)
+            && (*v >= version || *m == next.milestones())
+        {
+            return Ok(());
+        }
+        push_workflow(cluster, store, key, &mut pushed).await
+    }
+
+    /// The Pusher's Workflow push, in turn with the workers' own.
+    async fn push_workflow(&self, store: &Store, key: &Key) -> Result<(), WriteError> {
+        let Some(cluster) = self.cluster.get() else {
+            return Ok(());
+        };
+        let mut pushed = self.pushed.lock().await;
+        push_workflow(cluster, store, key, &mut pushed).await
+    }
+}
+
+/// Copy `key`'s stored status to the cluster (the newest row, read under
+/// the push lock) and remember what it carried.
+async fn push_workflow(
+    cluster: &Cluster,
+    store: &Store,
+    key: &Key,
+    pushed: &mut HashMap<Key, (i64, Milestones)>,
+) -> Result<(), WriteError> {
+    let Some(row) = store.workflow(key).await? else {
+        pushed.remove(key);
+        return Ok(());
+    };
+    if crate::kinds::disabled(&row.doc).is_some() {
+        return Ok(());
+    }
+    // The object's own status says which schema it is in; a
+    // Workflow without one gets the installed CRD's.
+    let theirs = cluster.get(Kind::Workflow, key).await?;
+    let schema = match theirs.as_ref().and_then(|o| o.get("status")) {
+        Some(s) if convert::is_v012(s) => WorkflowSchema::V012,
+        Some(s) if s.get("state").is_some() => WorkflowSchema::Current,
+        _ => cluster.workflow_schema().await,
+    };
+    let status = convert::status_to_cluster(&row.status, schema);
+    let r = cluster
+        .patch_status(Kind::Workflow, key, &status, |a, b| a == b)
+        .await;
+    if r.as_ref().is_err_and(|e| e.is(422)) {
+        *cluster.schema.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+    if r? {
+        pushed.insert(key.clone(), (row.version, row.status.milestones()));
+    } else {
+        pushed.remove(key);
+    }
+    Ok(())
 }
 
 /// An object whose status tinkerbox owes the cluster.
@@ -298,11 +378,38 @@ pub enum Dirty {
 #[derive(Default)]
 pub struct Outbox {
     enabled: AtomicBool,
+    /// A running Pusher writes Workflow status (Tink native).
+    workflows: AtomicBool,
     dirty: Mutex<HashSet<Dirty>>,
     notify: Notify,
 }
 
+/// The outbox is on while its Pusher runs, and off (and empty) once the
+/// Pusher is stopped: a former leader keeps nothing to write later.
+struct OnWhilePushing<'a>(&'a Outbox);
+
+impl<'a> OnWhilePushing<'a> {
+    fn new(o: &'a Outbox, workflows: bool) -> Self {
+        o.workflows.store(workflows, Ordering::Release);
+        o.enabled.store(true, Ordering::Release);
+        OnWhilePushing(o)
+    }
+}
+
+impl Drop for OnWhilePushing<'_> {
+    fn drop(&mut self) {
+        self.0.enabled.store(false, Ordering::Release);
+        self.0.workflows.store(false, Ordering::Release);
+        self.0.take();
+    }
+}
+
 impl Outbox {
+    /// A Pusher of Workflow status runs (this instance leads, Tink native).
+    fn pushing_workflows(&self) -> bool {
+        self.enabled.load(Ordering::Acquire) && self.workflows.load(Ordering::Acquire)
+    }
+
     pub fn mark(&self, d: Dirty) {
         if !self.enabled.load(Ordering::Acquire) {
             return;
@@ -334,7 +441,7 @@ impl Outbox {
 pub struct Pusher {
     pub store: Store,
     pub cluster: std::sync::Arc<Cluster>,
-    pub outbox: std::sync::Arc<Outbox>,
+    pub link: std::sync::Arc<Link>,
     /// Workflow status is tinkerbox's to write (tink native).
     pub workflows: bool,
     /// Job, Task and Machine status is tinkerbox's to write (rufio native).
@@ -343,18 +450,22 @@ pub struct Pusher {
 
 impl Pusher {
     /// Until aborted: every object marked, then everything the store holds
-    /// once at the start (what changed while no pusher ran).
+    /// once at the start (what changed while no pusher ran). Started when
+    /// this instance leads, aborted when it stops leading.
     pub async fn run(self) {
-        self.outbox.enabled.store(true, Ordering::Release);
+        let outbox = self.link.outbox.clone();
+        // What an earlier leadership pushed says nothing of the cluster now.
+        self.link.pushed.lock().await.clear();
+        let _on = OnWhilePushing::new(&outbox, self.workflows);
         match self.everything().await {
-            Ok(all) => self.outbox.put_back(all),
+            Ok(all) => outbox.put_back(all),
             Err(e) => tracing::warn!(error = %e, "kube: cannot list what to push"),
         }
         let mut backoff = Duration::from_millis(500);
         loop {
-            let batch = self.outbox.take();
+            let batch = outbox.take();
             if batch.is_empty() {
-                self.outbox.notify.notified().await;
+                outbox.notify.notified().await;
                 continue;
             }
             let mut failed = vec![];
@@ -374,7 +485,7 @@ impl Pusher {
             if failed.is_empty() {
                 backoff = Duration::from_millis(500);
             } else {
-                self.outbox.put_back(failed);
+                outbox.put_back(failed);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(30));
             }
@@ -416,35 +527,7 @@ impl Pusher {
         match d {
             Dirty::Workflow(_) if !self.workflows => {}
             Dirty::Job(_) | Dirty::Machine(_) if !self.bmc => {}
-            Dirty::Workflow(key) => {
-                let Some(row) = self.store.workflow(key).await? else {
-                    return Ok(());
-                };
-                if crate::kinds::disabled(&row.doc).is_some() {
-                    return Ok(());
-                }
-                // The object's own status says which schema it is in; a
-                // Workflow without one gets the installed CRD's.
-                let theirs = self.cluster.get(Kind::Workflow, key).await?;
-                let schema = match theirs.as_ref().and_then(|o| o.get("status")) {
-                    Some(s) if convert::is_v012(s) => WorkflowSchema::V012,
-                    Some(s) if s.get("state").is_some() => WorkflowSchema::Current,
-                    _ => self.cluster.workflow_schema().await,
-                };
-                let status = convert::status_to_cluster(&row.status, schema);
-                let r = self
-                    .cluster
-                    .patch_status(Kind::Workflow, key, &status, |a, b| a == b)
-                    .await;
-                if r.as_ref().is_err_and(|e| e.is(422)) {
-                    *self
-                        .cluster
-                        .schema
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = None;
-                }
-                r?;
-            }
+            Dirty::Workflow(key) => self.link.push_workflow(&self.store, key).await?,
             Dirty::Job(key) => {
                 let Some(row) = self.store.job(key).await? else {
                     return Ok(());
@@ -685,13 +768,20 @@ mod tests {
         let k = Key::new("ns", "w");
         o.mark(Dirty::Workflow(k.clone()));
         assert!(o.take().is_empty(), "off: nothing kept");
-        o.enabled.store(true, Ordering::Release);
+        let on = OnWhilePushing::new(&o, true);
+        assert!(o.pushing_workflows());
         o.mark(Dirty::Workflow(k.clone()));
         o.mark(Dirty::Workflow(k.clone()));
         o.mark(Dirty::Job(k.clone()));
         let mut t = o.take();
         t.sort_by_key(|d| format!("{d:?}"));
-        assert_eq!(t, [Dirty::Job(k.clone()), Dirty::Workflow(k)]);
+        assert_eq!(t, [Dirty::Job(k.clone()), Dirty::Workflow(k.clone())]);
         assert!(o.take().is_empty());
+        o.mark(Dirty::Workflow(k.clone()));
+        drop(on);
+        assert!(!o.pushing_workflows());
+        assert!(o.take().is_empty(), "a stopped pusher leaves nothing owed");
+        o.mark(Dirty::Workflow(k));
+        assert!(o.take().is_empty(), "and takes nothing more");
     }
 }

@@ -54,15 +54,32 @@ pub fn parse_workflow_id(id: &str) -> Option<Key> {
     (!ns.is_empty() && !name.is_empty()).then(|| Key::new(ns, name))
 }
 
+/// The longest agent id taken: a MAC, or a `spec.agentID` (a Kubernetes
+/// name is at most 253 characters).
+pub const AGENT_ID_MAX: usize = 253;
+
+/// An agent id as a real agent sends one: not empty, at most
+/// [`AGENT_ID_MAX`] bytes of printable ASCII without spaces. Anything else
+/// is refused before it is looked up or remembered.
+pub fn check_agent_id(agent: &str) -> Result<(), Refusal> {
+    if agent.is_empty() {
+        return Err(Refusal::InvalidArgument("invalid Agent ID".into()));
+    }
+    if agent.len() > AGENT_ID_MAX || !agent.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Refusal::InvalidArgument(format!(
+            "invalid Agent ID: at most {AGENT_ID_MAX} printable ASCII characters, no spaces"
+        )));
+    }
+    Ok(())
+}
+
 /// GetAction: `rows` are the agent's Workflows (status.agentID), oldest
 /// first. Upstream lets the first Workflow with tasks decide, so a
 /// finished Workflow listed first hides a newer pending one; here the
 /// first PENDING or RUNNING one is served, and only when there is none
 /// does a PREPARING or finished one give FailedPrecondition.
 pub fn next_action(agent: &str, rows: &[WorkflowRow]) -> Result<Served, Refusal> {
-    if agent.is_empty() {
-        return Err(Refusal::InvalidArgument("invalid Agent ID".into()));
-    }
+    check_agent_id(agent)?;
     if rows.is_empty() {
         return Err(not_found("no Workflows found"));
     }
@@ -175,6 +192,9 @@ pub fn check_agent_report(r: &AgentReport) -> Result<Key, Refusal> {
     }
     if r.action_id.is_empty() {
         return Err(Refusal::InvalidArgument("invalid action name".into()));
+    }
+    if !r.agent_id.is_empty() {
+        check_agent_id(&r.agent_id)?;
     }
     parse_workflow_id(&r.workflow_id)
         .ok_or_else(|| Refusal::InvalidArgument("invalid workflow id".into()))
@@ -384,6 +404,19 @@ mod tests {
             status,
             version: 1,
         }
+    }
+
+    #[test]
+    fn agent_ids_are_bounded() {
+        check_agent_id("52:54:00:99:01:01").unwrap();
+        check_agent_id(&"a".repeat(AGENT_ID_MAX)).unwrap();
+        for bad in ["", "a b", "x\u{0}", "é", &"a".repeat(AGENT_ID_MAX + 1)] {
+            assert!(
+                matches!(check_agent_id(bad), Err(Refusal::InvalidArgument(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(next_action(&"a".repeat(1 << 20), &[row(State::Pending)]).is_err());
     }
 
     fn report(served: &Served, state: State) -> AgentReport {

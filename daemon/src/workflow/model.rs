@@ -253,7 +253,32 @@ pub struct Action {
     pub message: Option<String>,
 }
 
+/// What of a status must never be lost once a worker was told it was
+/// taken: the states of the Workflow, of its current action and of every
+/// action; not messages or times (a progress report's).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Milestones {
+    state: State,
+    current: Option<(Option<String>, Option<State>)>,
+    actions: Vec<State>,
+}
+
 impl Status {
+    pub fn milestones(&self) -> Milestones {
+        Milestones {
+            state: self.state,
+            current: self
+                .current_state
+                .as_ref()
+                .map(|c| (c.action_id.clone(), c.state)),
+            actions: self
+                .tasks
+                .iter()
+                .flat_map(|t| t.actions.iter().map(|a| a.state))
+                .collect(),
+        }
+    }
+
     /// The status of a freshly rendered document (tink-controller's
     /// `YAMLToStatus`): task and action ids are ULIDs, every action is
     /// PENDING, the agent is the first task's worker.
