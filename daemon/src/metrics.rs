@@ -66,6 +66,28 @@ pub struct Metrics {
     pub kube_sync_age_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Kubernetes mode: what the watches delivered, by kind and event.
     pub kube_watch_events: Family<WatchLabels, Counter>,
+    /// Kubernetes mode: requests sent (watches excepted), by client and
+    /// method: what the status pushes and the Lease cost the API server.
+    pub kube_requests: Family<KubeRequestLabels, Counter>,
+    /// Kubernetes mode: status writes (one request each), by kind.
+    pub kube_status_writes: Family<KindLabels, Counter>,
+    /// Kubernetes mode: Lease renewals by this leader, by result.
+    pub kube_lease_renewals: Family<ResultLabels, Counter>,
+    /// Kubernetes mode: the longest time between two successful renewals
+    /// of one leadership (the Lease lasts 15 s; the leader steps down at 10).
+    pub kube_lease_longest_gap_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KubeRequestLabels {
+    /// `requests` (reads and writes) or `lease`.
+    pub client: &'static str,
+    pub method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -130,6 +152,10 @@ impl Metrics {
             kube_connected: Gauge::default(),
             kube_sync_age_seconds: Gauge::default(),
             kube_watch_events: Family::default(),
+            kube_requests: Family::default(),
+            kube_status_writes: Family::default(),
+            kube_lease_renewals: Family::default(),
+            kube_lease_longest_gap_seconds: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -146,6 +172,26 @@ impl Metrics {
             "kube_watch_events",
             "Kubernetes mode: watch events by kind and event (apply, delete, relist, error)",
             m.kube_watch_events.clone(),
+        );
+        registry.register(
+            "kube_requests",
+            "Kubernetes mode: requests sent to the API server (watches excepted), by client and method",
+            m.kube_requests.clone(),
+        );
+        registry.register(
+            "kube_status_writes",
+            "Kubernetes mode: status writes (one server-side apply each), by kind",
+            m.kube_status_writes.clone(),
+        );
+        registry.register(
+            "kube_lease_renewals",
+            "Kubernetes mode: Lease renewals by this instance while leading, by result",
+            m.kube_lease_renewals.clone(),
+        );
+        registry.register(
+            "kube_lease_longest_gap_seconds",
+            "Kubernetes mode: the longest time between two successful Lease renewals of one leadership",
+            m.kube_lease_longest_gap_seconds.clone(),
         );
         registry.register(
             "http_requests",

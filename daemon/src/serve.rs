@@ -33,13 +33,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let native = |r: crate::config::Role| !config.kube.enabled || r == crate::config::Role::Native;
     let (tink, rufio) = (native(config.kube.tink), native(config.kube.rufio));
     let clients = match &app.kube {
-        Some(_) => Some(crate::kube::client::clients(&config.kube).await?),
+        Some(_) => {
+            Some(crate::kube::client::clients(&config.kube, Some(app.metrics.clone())).await?)
+        }
         None => None,
     };
     let client = clients.as_ref().map(|c| c.requests.clone());
-    let cluster = client
-        .as_ref()
-        .map(|c| Arc::new(crate::kube::writer::Cluster::new(c.clone())));
+    let cluster = client.as_ref().map(|c| {
+        Arc::new(crate::kube::writer::Cluster::new(c.clone()).with_metrics(app.metrics.clone()))
+    });
     if let Some(c) = &cluster {
         app.services.link.connect(c.clone());
     }
@@ -80,13 +82,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             if let Some(c) = &cluster
                 && (tink || rufio)
             {
-                let pusher = crate::kube::writer::Pusher {
-                    store: app.store.clone(),
-                    cluster: c.clone(),
-                    link: app.services.link.clone(),
-                    workflows: tink,
-                    bmc: rufio,
-                };
+                let pusher = crate::kube::writer::Pusher::new(
+                    app.store.clone(),
+                    c.clone(),
+                    app.services.link.clone(),
+                    tink,
+                    rufio,
+                );
                 t.push(tokio::spawn(pusher.run()));
             }
             t
@@ -130,6 +132,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let requests = clients.requests.clone();
             let hooks = crate::kube::lead::Hooks {
                 sync: sync.clone(),
+                metrics: app.metrics.clone(),
                 events: app.events.clone(),
                 stop: stop_leading.clone(),
                 start: writers,

@@ -3,8 +3,10 @@
 //! `~/.kube/config`). rustls with ring, as the rest of tinkerbox.
 
 use crate::config::KubeConfig;
+use crate::metrics::{KubeRequestLabels, Metrics};
 use anyhow::Context;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Every request but a watch gets an answer within this, or fails and is
@@ -26,13 +28,29 @@ pub struct Clients {
     pub lease: kube::Client,
 }
 
-pub async fn clients(cfg: &KubeConfig) -> anyhow::Result<Clients> {
+/// `metrics`: where the requests and the Lease's are counted
+/// (`tinkerbox_kube_requests`).
+pub async fn clients(cfg: &KubeConfig, metrics: Option<Arc<Metrics>>) -> anyhow::Result<Clients> {
     let config = config(cfg).await?;
     let mut bounded = config.clone();
     bounded.read_timeout = Some(REQUEST_TIMEOUT);
-    let build = |c: kube::Config, limited: bool| -> anyhow::Result<kube::Client> {
+    let build = |c: kube::Config, limited: bool, name: &'static str| {
         let builder = kube::client::ClientBuilder::try_from(c).context("kube client")?;
-        Ok(match window(cfg.qps, cfg.burst).filter(|_| limited) {
+        let m = metrics.clone();
+        let builder = builder.with_layer(&tower::util::MapRequestLayer::new(
+            move |req: axum::http::Request<kube::client::Body>| {
+                if let Some(m) = &m {
+                    m.kube_requests
+                        .get_or_create(&KubeRequestLabels {
+                            client: name,
+                            method: method(req.method()),
+                        })
+                        .inc();
+                }
+                req
+            },
+        ));
+        anyhow::Ok(match window(cfg.qps, cfg.burst).filter(|_| limited) {
             Some((n, per)) => builder
                 .with_layer(&tower::limit::RateLimitLayer::new(n, per))
                 .build(),
@@ -40,10 +58,23 @@ pub async fn clients(cfg: &KubeConfig) -> anyhow::Result<Clients> {
         })
     };
     Ok(Clients {
-        requests: build(bounded.clone(), true)?,
-        watches: build(config, false)?,
-        lease: build(bounded, false)?,
+        requests: build(bounded.clone(), true, "requests")?,
+        watches: kube::client::ClientBuilder::try_from(config)
+            .context("kube client")?
+            .build(),
+        lease: build(bounded, false, "lease")?,
     })
+}
+
+fn method(m: &axum::http::Method) -> &'static str {
+    match *m {
+        axum::http::Method::GET => "GET",
+        axum::http::Method::POST => "POST",
+        axum::http::Method::PUT => "PUT",
+        axum::http::Method::PATCH => "PATCH",
+        axum::http::Method::DELETE => "DELETE",
+        _ => "other",
+    }
 }
 
 async fn config(cfg: &KubeConfig) -> anyhow::Result<kube::Config> {
@@ -66,7 +97,7 @@ async fn config(cfg: &KubeConfig) -> anyhow::Result<kube::Config> {
 
 /// The request client alone (the CLI's `kube` commands).
 pub async fn client(cfg: &KubeConfig) -> anyhow::Result<kube::Client> {
-    Ok(clients(cfg).await?.requests)
+    Ok(clients(cfg, None).await?.requests)
 }
 
 /// `[kube] qps`/`burst` as tower's window: up to `burst` requests at once,

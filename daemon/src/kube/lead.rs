@@ -376,6 +376,7 @@ impl Election {
 /// What the election drives.
 pub struct Hooks<S, R> {
     pub sync: Arc<super::Sync>,
+    pub metrics: Arc<crate::metrics::Metrics>,
     pub events: EventSink,
     pub stop: Arc<tokio::sync::Notify>,
     /// Start the engines; their handles are aborted on stepping down.
@@ -461,8 +462,19 @@ where
             }
             let sent = Instant::now();
             next_renewal = sent + RETRY_PERIOD;
-            match e.renew(&ours, renewed + RENEW_DEADLINE).await {
+            let result = e.renew(&ours, renewed + RENEW_DEADLINE).await;
+            h.metrics
+                .kube_lease_renewals
+                .get_or_create(&crate::metrics::ResultLabels {
+                    result: if result.is_ok() { "ok" } else { "failed" },
+                })
+                .inc();
+            match result {
                 Ok(l) => {
+                    let gap = sent.duration_since(renewed).as_secs_f64();
+                    if gap > h.metrics.kube_lease_longest_gap_seconds.get() {
+                        h.metrics.kube_lease_longest_gap_seconds.set(gap);
+                    }
                     ours = l;
                     renewed = sent;
                     continue;

@@ -249,8 +249,8 @@ impl Mirror {
                 .filter(|d| wanted(kind, d, self.rufio_external))
                 .collect();
             self.count(kind, "resync");
-            self.services
-                .mirror(kind, Mirrored::All(docs), true)
+            // Not leading yet: the status taken is the cluster's.
+            self.apply(kind, Mirrored::All(docs))
                 .await
                 .map_err(|e| anyhow::anyhow!("storing {}: {e}", kind_name(kind)))?;
         }
@@ -259,6 +259,16 @@ impl Mirror {
 
     async fn apply(&self, kind: Kind, change: Mirrored) -> Result<(), crate::store::StoreError> {
         let s = &self.services;
+        if kind == Kind::Workflow {
+            // Which schema each Workflow's status is in, for the pusher.
+            match &change {
+                Mirrored::All(docs) => docs
+                    .iter()
+                    .for_each(|d| s.link.saw_workflow(&super::doc_key(d), d.get("status"))),
+                Mirrored::One(d) => s.link.saw_workflow(&super::doc_key(d), d.get("status")),
+                Mirrored::Gone(key, _) => s.link.saw_workflow(key, None),
+            }
+        }
         // The cluster's status is the truth unless this instance writes
         // it: a follower takes what its leader (or an upstream controller)
         // wrote, so that it goes on from there when it leads.

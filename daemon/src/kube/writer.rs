@@ -74,15 +74,31 @@ impl WriteError {
 /// The cluster, for writes.
 pub struct Cluster {
     client: kube::Client,
-    schema: Mutex<Option<WorkflowSchema>>,
+    metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
+    /// The installed Workflow CRD's status schema, and when it was read.
+    schema: Mutex<Option<(WorkflowSchema, std::time::Instant)>>,
 }
+
+/// The field manager of every status tinkerbox writes.
+const STATUS_MANAGER: &str = "tinkerbox-status";
+
+/// The Workflow CRD is read again after this (a supervised upgrade may
+/// replace tink v0.12's with the current one).
+const SCHEMA_AGE: Duration = Duration::from_secs(60);
 
 impl Cluster {
     pub fn new(client: kube::Client) -> Cluster {
         Cluster {
             client,
+            metrics: None,
             schema: Mutex::new(None),
         }
+    }
+
+    /// Status writes are counted (`tinkerbox_kube_status_writes`).
+    pub fn with_metrics(mut self, m: std::sync::Arc<crate::metrics::Metrics>) -> Cluster {
+        self.metrics = Some(m);
+        self
     }
 
     fn api(&self, kind: Kind, namespace: &str) -> Api<DynamicObject> {
@@ -137,49 +153,44 @@ impl Cluster {
         })
     }
 
-    /// Make the object's status `desired` (a merge patch of the
-    /// difference, with the resourceVersion read as precondition). False
-    /// when the object is gone; `same` decides which differences matter.
-    pub async fn patch_status(
+    /// Make the object's status `status`: one server-side apply on the
+    /// status subresource, forced, under one field manager for every
+    /// instance (a new leader's apply replaces what its predecessor set,
+    /// fields it no longer sets included). No read first and no
+    /// resourceVersion precondition: only the leader writes status, and a
+    /// worker's answer waits for the write, so there is nothing newer in
+    /// the cluster to lose. False when the object is gone.
+    pub async fn apply_status(
         &self,
         kind: Kind,
         key: &Key,
-        desired: &Value,
-        same: fn(&Value, &Value) -> bool,
+        status: &Value,
     ) -> Result<bool, WriteError> {
-        for _ in 0..ATTEMPTS {
-            let Some(current) = self.get(kind, key).await? else {
-                return Ok(false);
-            };
-            let now = current.get("status").cloned().unwrap_or(json!({}));
-            if same(&now, desired) {
-                return Ok(true);
-            }
-            let Some(diff) = merge_patch(&now, desired) else {
-                return Ok(true);
-            };
-            let patch = json!({
-                "metadata": {"resourceVersion": current.pointer("/metadata/resourceVersion")},
-                "status": diff,
-            });
-            let api = self.api(kind, &key.namespace);
-            match bounded(api.patch_status(
-                &key.name,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            ))
-            .await
-            {
-                Ok(_) => return Ok(true),
-                Err(e) if e.is(409) => continue,
-                Err(e) if e.is(404) => return Ok(false),
-                Err(e) => return Err(e),
-            }
+        let ar = resource(kind);
+        let body = json!({
+            "apiVersion": ar.api_version, "kind": ar.kind,
+            "metadata": {"name": key.name, "namespace": key.namespace},
+            "status": status,
+        });
+        let params = PatchParams::apply(STATUS_MANAGER).force();
+        if let Some(m) = &self.metrics {
+            m.kube_status_writes
+                .get_or_create(&crate::metrics::KindLabels {
+                    kind: kind_name(kind),
+                })
+                .inc();
         }
-        Err(WriteError::Conflict {
-            kind: kind_name(kind),
-            key: key.clone(),
-        })
+        match bounded(self.api(kind, &key.namespace).patch_status(
+            &key.name,
+            &params,
+            &Patch::Apply(&body),
+        ))
+        .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.is(404) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Create `doc`: the object as made, or None when one of its name exists.
@@ -217,11 +228,14 @@ impl Cluster {
         }
     }
 
-    /// The installed Workflow CRD's schema, read until it could be read
-    /// once (Current meanwhile: no RBAC for CRDs, or a server without
-    /// them); forgotten after a status patch the schema refused.
+    /// The installed Workflow CRD's schema, read at most every
+    /// [`SCHEMA_AGE`] (Current when it cannot be read: no RBAC for CRDs,
+    /// or a server without them); forgotten after a status write the
+    /// schema refused.
     async fn workflow_schema(&self) -> WorkflowSchema {
-        if let Some(s) = *self.schema.lock().unwrap_or_else(|p| p.into_inner()) {
+        if let Some((s, at)) = *self.schema.lock().unwrap_or_else(|p| p.into_inner())
+            && at.elapsed() < SCHEMA_AGE
+        {
             return s;
         }
         let ar = kube::api::ApiResource::from_gvk_with_plural(
@@ -233,15 +247,16 @@ impl Cluster {
             "customresourcedefinitions",
         );
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
-        let s = match api.get("workflows.tinkerbell.org").await {
+        let s = match bounded(api.get("workflows.tinkerbell.org")).await {
             Ok(crd) => WorkflowSchema::of_crd(&serde_json::to_value(crd).unwrap_or(Value::Null)),
             Err(e) => {
                 tracing::info!(error = %e, "kube: the Workflow CRD cannot be read: writing the current status schema");
                 WorkflowSchema::Current
             }
         };
-        tracing::info!(schema = ?s, "kube: Workflow status schema");
-        *self.schema.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
+        tracing::debug!(schema = ?s, "kube: Workflow status schema");
+        *self.schema.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((s, std::time::Instant::now()));
         s
     }
 }
@@ -276,9 +291,37 @@ pub struct Link {
     /// so none is overtaken by an older one), and what the last push of
     /// each Workflow carried: its store version and milestones.
     pushed: tokio::sync::Mutex<HashMap<Key, (i64, Milestones)>>,
+    /// The status schema each Workflow's own status is in, as the mirror
+    /// last saw it (a Workflow without status gets the CRD's).
+    schemas: Mutex<HashMap<Key, WorkflowSchema>>,
 }
 
 impl Link {
+    /// The mirror saw Workflow `key` with this status (None: gone).
+    pub fn saw_workflow(&self, key: &Key, status: Option<&Value>) {
+        let mut m = self.schemas.lock().unwrap_or_else(|p| p.into_inner());
+        match status {
+            Some(s) if convert::is_v012(s) => {
+                m.insert(key.clone(), WorkflowSchema::V012);
+            }
+            Some(s) if s.get("state").is_some() => {
+                m.insert(key.clone(), WorkflowSchema::Current);
+            }
+            Some(_) => {}
+            None => {
+                m.remove(key);
+            }
+        }
+    }
+
+    fn schema_of(&self, key: &Key) -> Option<WorkflowSchema> {
+        self.schemas
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .copied()
+    }
+
     /// Kube mode: the cluster is where mirrored objects are written.
     pub fn connect(&self, c: std::sync::Arc<Cluster>) {
         let _ = self.cluster.set(c);
@@ -313,7 +356,7 @@ impl Link {
         {
             return Ok(());
         }
-        push_workflow(cluster, store, key, &mut pushed).await
+        push_workflow(cluster, store, key, self.schema_of(key), &mut pushed).await
     }
 
     /// The Pusher's Workflow push, in turn with the workers' own.
@@ -322,16 +365,18 @@ impl Link {
             return Ok(());
         };
         let mut pushed = self.pushed.lock().await;
-        push_workflow(cluster, store, key, &mut pushed).await
+        push_workflow(cluster, store, key, self.schema_of(key), &mut pushed).await
     }
 }
 
 /// Copy `key`'s stored status to the cluster (the newest row, read under
-/// the push lock) and remember what it carried.
+/// the push lock) and remember what it carried. One call: the schema is
+/// the object's own as the mirror saw it, else the CRD's (cached).
 async fn push_workflow(
     cluster: &Cluster,
     store: &Store,
     key: &Key,
+    schema: Option<WorkflowSchema>,
     pushed: &mut HashMap<Key, (i64, Milestones)>,
 ) -> Result<(), WriteError> {
     let Some(row) = store.workflow(key).await? else {
@@ -341,18 +386,15 @@ async fn push_workflow(
     if crate::kinds::disabled(&row.doc).is_some() {
         return Ok(());
     }
-    // The object's own status says which schema it is in; a
-    // Workflow without one gets the installed CRD's.
-    let theirs = cluster.get(Kind::Workflow, key).await?;
-    let schema = match theirs.as_ref().and_then(|o| o.get("status")) {
-        Some(s) if convert::is_v012(s) => WorkflowSchema::V012,
-        Some(s) if s.get("state").is_some() => WorkflowSchema::Current,
-        _ => cluster.workflow_schema().await,
+    if pushed.get(key).is_some_and(|(v, _)| *v >= row.version) {
+        return Ok(()); // this row (or a newer one) is there already
+    }
+    let schema = match schema {
+        Some(s) => s,
+        None => cluster.workflow_schema().await,
     };
     let status = convert::status_to_cluster(&row.status, schema);
-    let r = cluster
-        .patch_status(Kind::Workflow, key, &status, |a, b| a == b)
-        .await;
+    let r = cluster.apply_status(Kind::Workflow, key, &status).await;
     if r.as_ref().is_err_and(|e| e.is(422)) {
         *cluster.schema.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
@@ -439,28 +481,44 @@ impl Outbox {
 
 /// Copies status from the store to the cluster.
 pub struct Pusher {
-    pub store: Store,
-    pub cluster: std::sync::Arc<Cluster>,
-    pub link: std::sync::Arc<Link>,
+    store: Store,
+    cluster: std::sync::Arc<Cluster>,
+    link: std::sync::Arc<Link>,
     /// Workflow status is tinkerbox's to write (tink native).
-    pub workflows: bool,
+    workflows: bool,
     /// Job, Task and Machine status is tinkerbox's to write (rufio native).
-    pub bmc: bool,
+    bmc: bool,
+    /// The Job and Machine status last written (not written again when
+    /// only a poll's time changed).
+    last: HashMap<Dirty, Value>,
 }
 
 impl Pusher {
-    /// Until aborted: every object marked, then everything the store holds
-    /// once at the start (what changed while no pusher ran). Started when
-    /// this instance leads, aborted when it stops leading.
-    pub async fn run(self) {
+    pub fn new(
+        store: Store,
+        cluster: std::sync::Arc<Cluster>,
+        link: std::sync::Arc<Link>,
+        workflows: bool,
+        bmc: bool,
+    ) -> Pusher {
+        Pusher {
+            store,
+            cluster,
+            link,
+            workflows,
+            bmc,
+            last: HashMap::new(),
+        }
+    }
+
+    /// Until aborted: every object marked. Started when this instance
+    /// leads, after the cluster's status was read back into the store, so
+    /// nothing older is owed; aborted when it stops leading.
+    pub async fn run(mut self) {
         let outbox = self.link.outbox.clone();
         // What an earlier leadership pushed says nothing of the cluster now.
         self.link.pushed.lock().await.clear();
         let _on = OnWhilePushing::new(&outbox, self.workflows);
-        match self.everything().await {
-            Ok(all) => outbox.put_back(all),
-            Err(e) => tracing::warn!(error = %e, "kube: cannot list what to push"),
-        }
         let mut backoff = Duration::from_millis(500);
         loop {
             let batch = outbox.take();
@@ -492,44 +550,14 @@ impl Pusher {
         }
     }
 
-    async fn everything(&self) -> Result<Vec<Dirty>, crate::store::StoreError> {
-        let mut all: Vec<Dirty> = vec![];
-        if self.workflows {
-            all.extend(
-                self.store
-                    .workflows(None, &[])
-                    .await?
-                    .into_iter()
-                    .filter(|w| w.status != Default::default())
-                    .map(|w| Dirty::Workflow(w.key)),
-            );
-        }
-        if self.bmc {
-            all.extend(
-                self.store
-                    .jobs(None)
-                    .await?
-                    .into_iter()
-                    .map(|j| Dirty::Job(j.key())),
-            );
-            all.extend(
-                self.store
-                    .bmc_machines(None)
-                    .await?
-                    .into_iter()
-                    .map(|m| Dirty::Machine(m.key)),
-            );
-        }
-        Ok(all)
-    }
-
-    async fn push(&self, d: &Dirty) -> Result<(), WriteError> {
+    async fn push(&mut self, d: &Dirty) -> Result<(), WriteError> {
         match d {
             Dirty::Workflow(_) if !self.workflows => {}
             Dirty::Job(_) | Dirty::Machine(_) if !self.bmc => {}
             Dirty::Workflow(key) => self.link.push_workflow(&self.store, key).await?,
             Dirty::Job(key) => {
                 let Some(row) = self.store.job(key).await? else {
+                    self.last.remove(d);
                     return Ok(());
                 };
                 let kind = match row.kind {
@@ -537,9 +565,10 @@ impl Pusher {
                     JobKind::Task => Kind::Task,
                 };
                 let status = convert::job_status(&row);
-                self.cluster
-                    .patch_status(kind, key, &status, |a, b| a == b)
-                    .await?;
+                if self.last.get(d) != Some(&status) {
+                    self.cluster.apply_status(kind, key, &status).await?;
+                    self.last.insert(d.clone(), status);
+                }
                 if row.kind == JobKind::Job {
                     self.push_tasks(key, &row).await?;
                 }
@@ -549,9 +578,12 @@ impl Pusher {
                     return Ok(());
                 };
                 let status = convert::machine_status(&row);
-                self.cluster
-                    .patch_status(Kind::Machine, key, &status, same_but_time)
-                    .await?;
+                if !self.last.get(d).is_some_and(|l| same_but_time(l, &status)) {
+                    self.cluster
+                        .apply_status(Kind::Machine, key, &status)
+                        .await?;
+                    self.last.insert(d.clone(), status);
+                }
             }
         }
         Ok(())
@@ -562,7 +594,7 @@ impl Pusher {
     /// A Job's steps as Rufio's job controller shows them: the Task
     /// `<job>-task-<n>` of each action begun, created when first owed
     /// (owned by the Job, so deleted with it), and its status.
-    async fn push_tasks(&self, key: &Key, row: &JobRow) -> Result<(), WriteError> {
+    async fn push_tasks(&mut self, key: &Key, row: &JobRow) -> Result<(), WriteError> {
         let mut job: Option<Value> = None;
         for (n, ts) in row.task_states.iter().enumerate() {
             if ts.state == JobState::Pending {
@@ -570,11 +602,16 @@ impl Pusher {
             }
             let tkey = Key::new(key.namespace.clone(), convert::task_name(&key.name, n));
             let status = convert::task_status(ts);
+            let mine = Dirty::Job(tkey.clone());
+            if self.last.get(&mine) == Some(&status) {
+                continue;
+            }
             if self
                 .cluster
-                .patch_status(Kind::Task, &tkey, &status, |a, b| a == b)
+                .apply_status(Kind::Task, &tkey, &status)
                 .await?
             {
+                self.last.insert(mine, status);
                 continue;
             }
             if job.is_none() {
@@ -597,9 +634,13 @@ impl Pusher {
                 return Ok(());
             };
             self.cluster.create(Kind::Task, &tkey, &task).await?;
-            self.cluster
-                .patch_status(Kind::Task, &tkey, &status, |a, b| a == b)
-                .await?;
+            if self
+                .cluster
+                .apply_status(Kind::Task, &tkey, &status)
+                .await?
+            {
+                self.last.insert(mine, status);
+            }
         }
         Ok(())
     }
@@ -680,39 +721,45 @@ mod tests {
         );
     }
 
-    /// A status that keeps losing: bounded, then a Conflict error (the
-    /// pusher keeps it and tries later), not a loop.
+    /// A status write is one call: a forced server-side apply on the
+    /// status subresource, under the shared status manager, with no read
+    /// before it; a missing object is reported, not created.
     #[tokio::test]
-    async fn status_lost_to_conflicts_every_time_gives_up_after_the_attempts() {
-        let mut steps = vec![];
-        for rv in 0..ATTEMPTS {
-            steps.push(Step::json(
-                Method::GET,
-                HW,
-                200,
-                &mock::hardware("m1", &rv.to_string(), "02:00:00:00:00:01"),
-            ));
-            steps.push(Step::json(
+    async fn a_status_write_is_one_server_side_apply() {
+        let (client, server) = mock::client(vec![
+            Step::json(
                 Method::PATCH,
-                "/hardware/m1/status",
-                409,
-                &mock::status(409, "Conflict"),
-            ));
-        }
-        let (client, server) = mock::client(steps);
+                "/workflows/w1/status?&force=true&fieldManager=tinkerbox-status",
+                200,
+                &json!({"apiVersion": "tinkerbell.org/v1alpha1", "kind": "Workflow", "metadata": {"name": "w1"}}),
+            ),
+            Step::json(
+                Method::PATCH,
+                "/workflows/gone/status",
+                404,
+                &mock::status(404, "NotFound"),
+            ),
+        ]);
         let c = Cluster::new(client);
-        let e = c
-            .patch_status(
-                Kind::Hardware,
-                &Key::new("default", "m1"),
-                &json!({"x": 1}),
-                |a, b| a == b,
-            )
-            .await
-            .unwrap_err();
-        assert!(matches!(e, WriteError::Conflict { .. }), "{e}");
-        assert!(!e.permanent(), "a conflict is tried again later");
-        assert_eq!(server.seen().len(), 2 * ATTEMPTS);
+        let w1 = Key::new("ns", "w1");
+        assert!(
+            c.apply_status(Kind::Workflow, &w1, &json!({"state": "RUNNING"}))
+                .await
+                .unwrap()
+        );
+        let gone = Key::new("ns", "gone");
+        assert!(
+            !c.apply_status(Kind::Workflow, &gone, &json!({}))
+                .await
+                .unwrap()
+        );
+        let seen = server.seen();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(
+            seen[0].2,
+            json!({"apiVersion": "tinkerbell.org/v1alpha1", "kind": "Workflow",
+                "metadata": {"name": "w1", "namespace": "ns"}, "status": {"state": "RUNNING"}})
+        );
     }
 
     /// RBAC or schema refusals are permanent (logged, not retried forever);
