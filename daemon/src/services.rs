@@ -391,44 +391,65 @@ impl BmcService {
     ) -> Result<Key, Error> {
         let name = format!("{}-{what}-{}", machine.name, now_ms());
         let key = Key::new(machine.namespace.clone(), name);
-        self.put_job(&key, machine, tasks, false).await?;
+        self.put_job(&key, machine, tasks, None).await?;
         Ok(key)
     }
 
-    /// A job under a fixed name (replacing a finished one of that name),
-    /// as a Workflow's boot options start them: `netboot-<workflow>`.
+    /// A job under a fixed name, as a Workflow's boot options start them
+    /// (`netboot-<workflow>`), made for one run of the Workflow (`run`, the
+    /// id of its rendering): a finished job of the name from an earlier run
+    /// is replaced, but one this run made already is kept whatever its
+    /// state, so a step whose record was lost after the job was made never
+    /// makes (and runs) it twice.
     pub async fn start_named_job(
         &self,
         key: &Key,
         machine: &Key,
         tasks: Vec<Action>,
+        run: &str,
     ) -> Result<(), Error> {
-        self.put_job(key, machine, tasks, true).await
+        self.put_job(key, machine, tasks, Some(run)).await
     }
 
+    /// `run`: replace a job of the name unless it runs or was made for
+    /// this run (see [`Self::start_named_job`]); None: a new name.
     async fn put_job(
         &self,
         key: &Key,
         machine: &Key,
         tasks: Vec<Action>,
-        replace: bool,
+        run: Option<&str>,
     ) -> Result<(), Error> {
         if self.store.bmc_machine(machine).await?.is_none() {
             return Err(Error::NotFound(format!("BMC Machine {machine}")));
         }
         let doc = json!({
             "apiVersion": crate::bmc::model::API_VERSION, "kind": "Job",
-            "metadata": {"name": key.name, "namespace": key.namespace},
+            "metadata": {"name": key.name, "namespace": key.namespace,
+                "annotations": run.map(|r| json!({crate::store::bmc::RUN_ANNOTATION: r}))},
             "spec": {"machineRef": {"name": machine.name, "namespace": machine.namespace}, "tasks": tasks},
         });
+        let mut doc = doc;
+        if run.is_none()
+            && let Some(m) = doc.get_mut("metadata").and_then(Value::as_object_mut)
+        {
+            m.remove("annotations");
+        }
         if let Some(cluster) = self.link.cluster() {
             // The Job is made where Rufio's callers make it; the mirror
             // brings it back and the runner (or Rufio) runs it.
             use crate::kinds::Kind as K;
-            if replace && let Some(old) = cluster.get(K::Job, key).await? {
+            if let Some(run) = run
+                && let Some(old) = cluster.get(K::Job, key).await?
+            {
                 let status = old.get("status").cloned().unwrap_or_default();
                 let running = crate::kube::convert::job_running(&status);
-                if running {
+                let ours = old
+                    .pointer("/metadata/annotations")
+                    .and_then(|a| a.get(crate::store::bmc::RUN_ANNOTATION))
+                    .and_then(Value::as_str)
+                    == Some(run);
+                if running || ours {
                     return Ok(());
                 }
                 cluster.delete(K::Job, key).await?;
@@ -451,10 +472,13 @@ impl BmcService {
             connection: None,
             tasks: &tasks,
         };
-        if replace {
-            self.store.replace_job(&job).await?;
-        } else {
-            self.store.insert_job(&job).await?;
+        match run {
+            Some(run) => {
+                self.store.replace_job(&job, run).await?;
+            }
+            None => {
+                self.store.insert_job(&job).await?;
+            }
         }
         self.wake.notify_one();
         Ok(())

@@ -20,8 +20,12 @@ pub(crate) struct Sushy {
 
 impl Sushy {
     pub(crate) fn start() -> Sushy {
+        Sushy::start_on(free_port())
+    }
+
+    /// On `port` (a BMC that comes up where a Machine already points).
+    pub(crate) fn start_on(port: u16) -> Sushy {
         let bin = sushy_bin();
-        let port = free_port();
         let state = tempfile::tempdir().unwrap();
         let child = Command::new(&bin)
             .args(["--fake", "-i", "127.0.0.1", "-p", &port.to_string()])

@@ -4,7 +4,9 @@
 //! report and serves no finished action again.
 
 use crate::common::{Daemon, hw_doc};
-use crate::kube::{Cluster, M1, cluster_get, healthz, kube_daemon, kube_daemon_at, until};
+use crate::kube::{
+    Cluster, M1, cluster_get, healthz, kube_daemon, kube_daemon_at, kube_daemon_with, until,
+};
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -314,4 +316,102 @@ fn a_leader_cut_off_from_the_api_server_steps_down_and_nothing_runs_twice() {
         "the cut-off instance never leads again while cut off"
     );
     eprintln!("kube_ha: stepped down after {stepped:?}; the other led after {took:?}");
+}
+
+/// The leader dies while a Workflow's netboot Job runs (its BMC does not
+/// answer yet, so the first command is being retried): the cluster had
+/// the Job Running before any command was sent, so the new leader never
+/// sends it again, though the BMC now answers. The Job fails, saying why,
+/// and so does the Workflow: at most once, and never silently.
+#[test]
+fn a_bmc_job_interrupted_by_the_leaders_death_is_never_sent_again() {
+    let cluster = Cluster::start();
+    let port = crate::common::free_port();
+    let bmc = "[bmc]\nattempts = 6\n";
+    let (mut a, b) = pair(&cluster, kube_daemon_with(&cluster, bmc));
+    let docs = format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: bmc-creds, namespace: default}}
+type: Opaque
+data: {{username: YWRtaW4=, password: czNjcmV0LVBhNTU=}}
+---
+apiVersion: bmc.tinkerbell.org/v1alpha1
+kind: Machine
+metadata: {{name: bmc-5, namespace: default}}
+spec:
+  connection:
+    host: "http://127.0.0.1:{port}"
+    insecureTLS: true
+    authSecretRef: {{name: bmc-creds, namespace: default}}
+    providerOptions:
+      redfish: {{useBasicAuth: true}}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Hardware
+metadata: {{name: node-5, namespace: default}}
+spec:
+  bmcRef: {{apiGroup: bmc.tinkerbell.org, kind: Machine, name: bmc-5}}
+  interfaces:
+  - dhcp: {{mac: "52:54:00:6b:00:55", ip: {{address: 10.9.0.55, netmask: 255.255.255.0}}}}
+    netboot: {{allowPXE: false}}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Template
+metadata: {{name: t5, namespace: default}}
+spec:
+  data: |
+    name: t5
+    tasks:
+    - {{name: a, worker: "{{{{.device_1}}}}", actions: [{{name: x, image: bash}}]}}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Workflow
+metadata: {{name: wf5, namespace: default}}
+spec:
+  templateRef: t5
+  hardwareRef: node-5
+  hardwareMap: {{device_1: "52:54:00:6b:00:55"}}
+  bootOptions: {{bootMode: netboot}}
+"#
+    );
+    cluster.kubectl(&["create", "-f", "-"], Some(&docs));
+    let job = || cluster_get(&cluster, "jobs.bmc.tinkerbell.org", "netboot-wf5");
+    let conditions = |j: &Value| j["status"]["conditions"].to_string();
+    until(30, "the Job Running in the cluster", &a, || {
+        let j = cluster
+            .kubectl_output(
+                &[
+                    "get",
+                    "jobs.bmc.tinkerbell.org",
+                    "netboot-wf5",
+                    "-o",
+                    "json",
+                ],
+                None,
+            )
+            .stdout;
+        serde_json::from_slice::<Value>(&j).is_ok_and(|j| conditions(&j).contains("Running"))
+    });
+    a.kill9();
+    // The BMC answers from now on: whoever sent the job again would reach it.
+    let _bmc = crate::bmc_jobs::Sushy::start_on(port);
+    until(60, "the Workflow FAILED", &b, || {
+        cluster_state(&cluster, "wf5") == "FAILED"
+    });
+    let j = job();
+    assert!(
+        conditions(&j).contains("Failed") && conditions(&j).contains("not run again"),
+        "{j:#}"
+    );
+    let (code, events) = b.api("GET", "/api/v1/events?limit=1000", None);
+    assert_eq!(code, 200, "{events}");
+    let sent: Vec<&Value> = events["items"]
+        .as_array()
+        .map(|v| v.iter().filter(|e| e["kind"] == "bmc.power").collect())
+        .unwrap_or_default();
+    assert!(
+        sent.is_empty(),
+        "the new leader sent BMC commands: {sent:#?}"
+    );
 }

@@ -345,6 +345,19 @@ impl Runner {
             self.done(j.id);
             return;
         }
+        // Kube mode: the cluster knows the job runs before any command is
+        // sent, so a leader after this one never sends it again (it finds
+        // the job Running and fails it instead). Not recorded: not run,
+        // tried again by the next pass.
+        if let Err(e) = self.link.make_job_durable(&self.store, &key).await {
+            tracing::warn!(job = %key, error = %e, "bmc: the cluster did not take the job's start; not sending anything yet");
+            j.state = State::Pending;
+            if let Err(e) = self.save(&j).await {
+                tracing::error!(job = %key, error = %e, "bmc: cannot save job");
+            }
+            self.done(j.id);
+            return;
+        }
         let bmc = j.machine.clone();
         let ways = match self
             .resolve(bmc.as_ref(), j.connection.as_ref(), &j.namespace)
@@ -603,6 +616,11 @@ impl Runner {
         j.completed_ms = Some(now_ms());
         if let Err(e) = self.save(j).await {
             tracing::error!(job = %j.key(), error = %e, "bmc: cannot save job");
+        }
+        // Kube mode: the outcome in the cluster at once, not behind the
+        // outbox (a leader after this one would find the job Running).
+        if let Err(e) = self.link.make_job_durable(&self.store, &j.key()).await {
+            tracing::warn!(job = %j.key(), error = %e, "bmc: the job's outcome is not in the cluster yet; the outbox keeps it");
         }
         tracing::info!(job = %j.key(), state = state.as_str(), message = j.message.as_deref().unwrap_or(""), "bmc: job finished");
         self.done(j.id);

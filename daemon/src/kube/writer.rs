@@ -294,6 +294,8 @@ pub struct Link {
     /// The status schema each Workflow's own status is in, as the mirror
     /// last saw it (a Workflow without status gets the CRD's).
     schemas: Mutex<HashMap<Key, WorkflowSchema>>,
+    /// Job status pushes, one at a time (each reads the newest row).
+    jobs: tokio::sync::Mutex<()>,
 }
 
 impl Link {
@@ -359,6 +361,30 @@ impl Link {
         push_workflow(cluster, store, key, self.schema_of(key), &mut pushed).await
     }
 
+    /// In kube mode, while this instance leads with Rufio native: the
+    /// cluster has Job `key`'s status as stored now (Running before its
+    /// first BMC command is sent, so no later leader sends it again).
+    pub async fn make_job_durable(&self, store: &Store, key: &Key) -> Result<(), WriteError> {
+        let Some(cluster) = self.cluster.get() else {
+            return Ok(());
+        };
+        if !self.outbox.pushing_bmc() {
+            return Ok(());
+        }
+        let _one = self.jobs.lock().await;
+        let Some(row) = store.job(key).await? else {
+            return Ok(());
+        };
+        let kind = match row.kind {
+            JobKind::Job => Kind::Job,
+            JobKind::Task => Kind::Task,
+        };
+        cluster
+            .apply_status(kind, key, &convert::job_status(&row))
+            .await?;
+        Ok(())
+    }
+
     /// The Pusher's Workflow push, in turn with the workers' own.
     async fn push_workflow(&self, store: &Store, key: &Key) -> Result<(), WriteError> {
         let Some(cluster) = self.cluster.get() else {
@@ -422,6 +448,8 @@ pub struct Outbox {
     enabled: AtomicBool,
     /// A running Pusher writes Workflow status (Tink native).
     workflows: AtomicBool,
+    /// A running Pusher writes Job, Task and Machine status (Rufio native).
+    bmc: AtomicBool,
     dirty: Mutex<HashSet<Dirty>>,
     notify: Notify,
 }
@@ -431,8 +459,9 @@ pub struct Outbox {
 struct OnWhilePushing<'a>(&'a Outbox);
 
 impl<'a> OnWhilePushing<'a> {
-    fn new(o: &'a Outbox, workflows: bool) -> Self {
+    fn new(o: &'a Outbox, workflows: bool, bmc: bool) -> Self {
         o.workflows.store(workflows, Ordering::Release);
+        o.bmc.store(bmc, Ordering::Release);
         o.enabled.store(true, Ordering::Release);
         OnWhilePushing(o)
     }
@@ -442,6 +471,7 @@ impl Drop for OnWhilePushing<'_> {
     fn drop(&mut self) {
         self.0.enabled.store(false, Ordering::Release);
         self.0.workflows.store(false, Ordering::Release);
+        self.0.bmc.store(false, Ordering::Release);
         self.0.take();
     }
 }
@@ -450,6 +480,11 @@ impl Outbox {
     /// A Pusher of Workflow status runs (this instance leads, Tink native).
     fn pushing_workflows(&self) -> bool {
         self.enabled.load(Ordering::Acquire) && self.workflows.load(Ordering::Acquire)
+    }
+
+    /// A Pusher of BMC status runs (this instance leads, Rufio native).
+    fn pushing_bmc(&self) -> bool {
+        self.enabled.load(Ordering::Acquire) && self.bmc.load(Ordering::Acquire)
     }
 
     pub fn mark(&self, d: Dirty) {
@@ -518,7 +553,17 @@ impl Pusher {
         let outbox = self.link.outbox.clone();
         // What an earlier leadership pushed says nothing of the cluster now.
         self.link.pushed.lock().await.clear();
-        let _on = OnWhilePushing::new(&outbox, self.workflows);
+        let _on = OnWhilePushing::new(&outbox, self.workflows, self.bmc);
+        if self.bmc {
+            // A Job the cluster had Running under the previous leader is
+            // stored Failed (never sent again): the cluster is told why.
+            match self.store.jobs(Some(JobState::Failed)).await {
+                Ok(failed) => failed
+                    .into_iter()
+                    .for_each(|j| outbox.mark(Dirty::Job(j.key()))),
+                Err(e) => tracing::warn!(error = %e, "kube: cannot list failed jobs"),
+            }
+        }
         let mut backoff = Duration::from_millis(500);
         loop {
             let batch = outbox.take();
@@ -556,6 +601,10 @@ impl Pusher {
             Dirty::Job(_) | Dirty::Machine(_) if !self.bmc => {}
             Dirty::Workflow(key) => self.link.push_workflow(&self.store, key).await?,
             Dirty::Job(key) => {
+                // In turn with the runner's own pushes: never an older row
+                // over a newer one.
+                let link = self.link.clone();
+                let _one = link.jobs.lock().await;
                 let Some(row) = self.store.job(key).await? else {
                     self.last.remove(d);
                     return Ok(());
@@ -815,7 +864,7 @@ mod tests {
         let k = Key::new("ns", "w");
         o.mark(Dirty::Workflow(k.clone()));
         assert!(o.take().is_empty(), "off: nothing kept");
-        let on = OnWhilePushing::new(&o, true);
+        let on = OnWhilePushing::new(&o, true, true);
         assert!(o.pushing_workflows());
         o.mark(Dirty::Workflow(k.clone()));
         o.mark(Dirty::Workflow(k.clone()));

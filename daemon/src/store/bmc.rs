@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::SqliteConnection;
 
+/// The annotation on a Workflow's boot job naming the run (the id of the
+/// Workflow's rendering) it was made for.
+pub const RUN_ANNOTATION: &str = "tinkerbox.io/workflow-run";
+
 /// Where a job or a task is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, sqlx::Type)]
 #[serde(rename_all = "lowercase")]
@@ -225,17 +229,23 @@ impl Store {
     }
 
     /// A job under a fixed name (a Workflow's `netboot-<workflow>`): one
-    /// of that name that is not running is deleted first, as Rufio's
-    /// callers do; a running one is left to finish (Unchanged).
-    pub async fn replace_job(&self, job: &NewJob<'_>) -> Result<Outcome, StoreError> {
+    /// of that name from an earlier run is deleted first, as Rufio's
+    /// callers do; a running one is left to finish, and one made for this
+    /// `run` (a Workflow's rendering, in [`RUN_ANNOTATION`]) is kept
+    /// (Unchanged both).
+    pub async fn replace_job(&self, job: &NewJob<'_>, run: &str) -> Result<Outcome, StoreError> {
         let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
-        let running: Option<State> =
-            sqlx::query_scalar("SELECT state FROM bmc_jobs WHERE namespace = ? AND name = ?")
-                .bind(&job.key.namespace)
-                .bind(&job.key.name)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if running == Some(State::Running) {
+        let old: Option<(State, Option<String>)> = sqlx::query_as(
+            "SELECT state, json_extract(doc, '$.metadata.annotations.\"tinkerbox.io/workflow-run\"') \
+             FROM bmc_jobs WHERE namespace = ? AND name = ?",
+        )
+        .bind(&job.key.namespace)
+        .bind(&job.key.name)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let running = old.as_ref().map(|(s, _)| *s);
+        // Running, or made for this run already: kept, never made again.
+        if running == Some(State::Running) || old.is_some_and(|(_, r)| r.as_deref() == Some(run)) {
             return Ok(Outcome::Unchanged);
         }
         sqlx::query("DELETE FROM bmc_jobs WHERE namespace = ? AND name = ?")
@@ -487,6 +497,59 @@ mod tests {
     const MACHINE: &str = "apiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Machine\nmetadata: {name: NAME}\nspec:\n  connection: {host: 10.0.0.9, authSecretRef: {name: s}}\n";
     const SECRET: &str = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {username: u, password: p}\n";
     const JOB: &str = "apiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Job\nmetadata: {name: j1}\nspec:\n  machineRef: {name: m1}\n  tasks:\n  - powerAction: POWER\n";
+
+    /// A Workflow's boot job is made once per run: asked again for the
+    /// same run (its record was lost after the job was made), the job is
+    /// kept, finished or not; another run replaces a finished one.
+    #[tokio::test]
+    async fn a_boot_job_is_made_once_per_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let key = Key::new("default", "netboot-wf");
+        let tasks = vec![Action {
+            power_action: Some(crate::bmc::PowerAction::On),
+            ..Action::default()
+        }];
+        let doc = |run: &str| {
+            serde_json::json!({"apiVersion": model::API_VERSION, "kind": "Job",
+                "metadata": {"name": "netboot-wf", "namespace": "default", "annotations": {RUN_ANNOTATION: run}},
+                "spec": {"machineRef": {"name": "m1"}, "tasks": [{"powerAction": "on"}]}})
+        };
+        let (d1, d2) = (doc("run-1"), doc("run-2"));
+        let job = |d| NewJob {
+            key: &key,
+            kind: JobKind::Job,
+            doc: d,
+            machine: None,
+            connection: None,
+            tasks: &tasks,
+        };
+        assert_eq!(
+            store.replace_job(&job(&d1), "run-1").await.unwrap(),
+            Outcome::Created
+        );
+        let mut j = store.job(&key).await.unwrap().unwrap();
+        j.state = State::Completed;
+        store.save_job(&j).await.unwrap();
+        assert_eq!(
+            store.replace_job(&job(&d1), "run-1").await.unwrap(),
+            Outcome::Unchanged,
+            "this run's job, completed: kept, not made again"
+        );
+        assert_eq!(
+            store.job(&key).await.unwrap().unwrap().state,
+            State::Completed
+        );
+        assert_eq!(
+            store.replace_job(&job(&d2), "run-2").await.unwrap(),
+            Outcome::Configured,
+            "an earlier run's finished job is replaced"
+        );
+        assert_eq!(
+            store.job(&key).await.unwrap().unwrap().state,
+            State::Pending
+        );
+    }
 
     /// A BMC apply is all or nothing: a document the store refuses (a job
     /// of that name exists with other tasks) leaves the others unwritten.

@@ -580,9 +580,16 @@ impl Engine {
                 Effect::BmcJob { name, bmc, tasks } => {
                     let key = Key::new(ns.clone(), name.clone());
                     let machine = Key::new(ns.clone(), bmc.clone());
+                    // This rendering's id: its first task's, a fresh ULID.
+                    let run = row
+                        .status
+                        .tasks
+                        .first()
+                        .map(|t| t.id.as_str())
+                        .unwrap_or(row.key.name.as_str());
                     self.services
                         .bmc
-                        .start_named_job(&key, &machine, tasks.clone())
+                        .start_named_job(&key, &machine, tasks.clone(), run)
                         .await?;
                 }
             }
