@@ -9,7 +9,7 @@ use crate::workflow::model::{self, Template, Workflow};
 use serde_json::Value;
 
 /// A kind, as `get`/`delete` name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum Kind {
     #[value(alias = "hw", alias = "hardwares")]
     Hardware,

@@ -101,8 +101,9 @@ impl HardwareService {
                     hardware::validate(crate::kube::clean(d.clone())).map(|_| ())
                 })
                 .await?;
-            let doc = crate::kube::clean(doc);
-            let hw = hardware::validate(doc.clone())?;
+            let hw = hardware::validate(crate::kube::clean(doc.clone()))?;
+            // With its resourceVersion: the watch's older copies of it,
+            // still on their way, are not mirrored over it.
             self.mirror(Mirrored::One(doc)).await?;
             return Ok(hw);
         }
@@ -228,12 +229,16 @@ impl HardwareService {
             Mirrored::All(docs) => (docs, true),
             Mirrored::One(doc) => (vec![doc], false),
             Mirrored::Gone(key, _) => {
+                self.link.forget(crate::kinds::Kind::Hardware, &key);
                 self.delete_locked(&key, " (mirrored)").await?;
                 return Ok(());
             }
         };
+        let (docs, mut kept) = newest(&self.link, crate::kinds::Kind::Hardware, docs);
+        if !replace && docs.is_empty() {
+            return Ok(());
+        }
         let mut items = Vec::with_capacity(docs.len());
-        let mut kept = vec![];
         for doc in docs {
             let name = crate::kube::doc_key(&doc);
             match hardware::validate(doc) {
@@ -302,12 +307,38 @@ pub enum Mirrored {
     Gone(Key, Option<String>),
 }
 
+/// The cluster's copies, each without its resourceVersion (stored
+/// documents do not carry it) and split by it: those newer than every
+/// copy of their object mirrored so far, and the keys of the older ones
+/// (a watch event overtaken by a write already mirrored: the stored copy
+/// stays).
+fn newest(link: &Link, kind: crate::kinds::Kind, docs: Vec<Value>) -> (Vec<Value>, Vec<Key>) {
+    let mut fresh = Vec::with_capacity(docs.len());
+    let mut stale = vec![];
+    for doc in docs {
+        let key = crate::kube::doc_key(&doc);
+        let rv = doc
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .map(String::from);
+        let doc = crate::kube::clean(doc);
+        if link.newer(kind, &key, rv.as_deref()) {
+            fresh.push(doc);
+        } else {
+            stale.push(key);
+        }
+    }
+    (fresh, stale)
+}
+
 /// The Kubernetes mirror's write of a kind other than Hardware: each
 /// object checked by its kind's rules; one that fails is reported
-/// (`kube.invalid`) and its last good copy kept.
+/// (`kube.invalid`) and its last good copy kept, as is the stored copy of
+/// one the change has an older copy of.
 async fn mirror_objects(
     store: &Store,
     events: &EventSink,
+    link: &Link,
     kind: crate::kinds::Kind,
     change: Mirrored,
     take_status: bool,
@@ -316,12 +347,16 @@ async fn mirror_objects(
         Mirrored::All(docs) => (docs, true),
         Mirrored::One(doc) => (vec![doc], false),
         Mirrored::Gone(key, uid) => {
+            link.forget(kind, &key);
             store.mirror_delete(kind, &key, uid.as_deref()).await?;
             return Ok(());
         }
     };
+    let (docs, mut kept) = newest(link, kind, docs);
+    if !replace && docs.is_empty() {
+        return Ok(());
+    }
     let mut items = Vec::with_capacity(docs.len());
-    let mut kept = vec![];
     for doc in docs {
         let name = crate::kube::doc_key(&doc);
         match crate::kube::convert::item(kind, doc) {
@@ -458,8 +493,9 @@ impl BmcService {
             // next pass must see this Job, not none (it would make another)
             // nor an older one of the name (told apart by uid).
             if let Some(made) = cluster.create(K::Job, key, &doc).await? {
-                let change = Mirrored::One(crate::kube::clean(made));
-                mirror_objects(&self.store, &self.events, K::Job, change, false).await?;
+                let change = Mirrored::One(made);
+                mirror_objects(&self.store, &self.events, &self.link, K::Job, change, false)
+                    .await?;
                 self.wake.notify_one();
             }
             return Ok(());
@@ -826,7 +862,7 @@ impl Services {
             ),
             _ => (&self.bmc.store, &self.bmc.events, &self.bmc.wake),
         };
-        mirror_objects(store, events, kind, change, take_status).await?;
+        mirror_objects(store, events, &self.link, kind, change, take_status).await?;
         wake.notify_one();
         Ok(())
     }
@@ -916,6 +952,40 @@ mod tests {
         let before = r.bytes;
         r.put(&last, 2, no);
         assert_eq!(r.bytes, before, "replacing an entry costs nothing more");
+    }
+
+    /// A watch event older than a copy already mirrored (the answer to
+    /// tinkerbox's own write) does not undo it, alone or in a relist; a
+    /// newer one is taken.
+    #[tokio::test]
+    async fn an_older_copy_from_the_cluster_never_replaces_a_newer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (svc, store) = service(&dir).await;
+        let copy = |rv: &str, pxe: bool| {
+            json!({"apiVersion": hardware::API_VERSION, "kind": "Hardware",
+                "metadata": {"name": "m1", "namespace": "default", "resourceVersion": rv},
+                "spec": {"interfaces": [{"dhcp": {"mac": "02:00:00:00:00:01"}, "netboot": {"allowPXE": pxe}}]}})
+        };
+        let pxe = |d: Value| d["spec"]["interfaces"][0]["netboot"]["allowPXE"].clone();
+        let key = Key::new("default", "m1");
+        svc.mirror(Mirrored::One(copy("10", true))).await.unwrap();
+        svc.mirror(Mirrored::One(copy("9", false))).await.unwrap();
+        let d = store.get(&key).await.unwrap().unwrap();
+        assert_eq!(pxe(d.clone()), true, "the stale event is dropped");
+        assert!(
+            d.pointer("/metadata/resourceVersion").is_none(),
+            "not stored"
+        );
+        svc.mirror(Mirrored::All(vec![copy("8", false)]))
+            .await
+            .unwrap();
+        assert_eq!(
+            pxe(store.get(&key).await.unwrap().unwrap()),
+            true,
+            "a stale relist"
+        );
+        svc.mirror(Mirrored::One(copy("11", false))).await.unwrap();
+        assert_eq!(pxe(store.get(&key).await.unwrap().unwrap()), false);
     }
 
     #[tokio::test]

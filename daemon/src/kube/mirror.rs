@@ -297,7 +297,8 @@ impl Mirror {
 }
 
 /// The stored document of a watched object: with its apiVersion and kind
-/// (list items may lack them), without the fields [`clean`] drops.
+/// (list items may lack them), without the fields [`clean`] drops but its
+/// resourceVersion (the services compare and drop it).
 fn document(o: DynamicObject, ar: &ApiResource) -> Value {
     let mut v = serde_json::to_value(&o).unwrap_or(Value::Null);
     if let Some(m) = v.as_object_mut() {
@@ -306,7 +307,12 @@ fn document(o: DynamicObject, ar: &ApiResource) -> Value {
         m.entry("kind")
             .or_insert_with(|| Value::String(ar.kind.clone()));
     }
-    clean(v)
+    let rv = v.pointer("/metadata/resourceVersion").cloned();
+    let mut v = clean(v);
+    if let (Some(rv), Some(m)) = (rv, v.get_mut("metadata").and_then(Value::as_object_mut)) {
+        m.insert("resourceVersion".into(), rv);
+    }
+    v
 }
 
 #[cfg(test)]

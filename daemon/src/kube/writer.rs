@@ -296,9 +296,39 @@ pub struct Link {
     schemas: Mutex<HashMap<Key, WorkflowSchema>>,
     /// Job status pushes, one at a time (each reads the newest row).
     jobs: tokio::sync::Mutex<()>,
+    /// The newest resourceVersion mirrored of each object.
+    versions: Mutex<HashMap<(Kind, Key), u64>>,
 }
 
 impl Link {
+    /// Whether a copy of `kind` `key` at resourceVersion `rv` is newer
+    /// than every copy mirrored so far (then it is the newest). A watch
+    /// event can arrive after the answer to a write that came later (the
+    /// services mirror that answer at once), and must not undo it.
+    /// Versions are compared as numbers, as etcd's revisions are; a copy
+    /// without one that is a number is always taken.
+    pub fn newer(&self, kind: Kind, key: &Key, rv: Option<&str>) -> bool {
+        let Some(rv) = rv.and_then(|v| v.parse::<u64>().ok()) else {
+            return true;
+        };
+        let mut m = self.versions.lock().unwrap_or_else(|p| p.into_inner());
+        match m.get(&(kind, key.clone())) {
+            Some(seen) if *seen >= rv => false,
+            _ => {
+                m.insert((kind, key.clone()), rv);
+                true
+            }
+        }
+    }
+
+    /// `kind` `key` was deleted: a later copy of the name is a new object.
+    pub fn forget(&self, kind: Kind, key: &Key) {
+        self.versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(kind, key.clone()));
+    }
+
     /// The mirror saw Workflow `key` with this status (None: gone).
     pub fn saw_workflow(&self, key: &Key, status: Option<&Value>) {
         let mut m = self.schemas.lock().unwrap_or_else(|p| p.into_inner());
@@ -836,6 +866,23 @@ mod tests {
         );
         assert!(!WriteError::Timeout.permanent());
         assert_eq!(server.seen().len(), 4);
+    }
+
+    /// An older copy never replaces a newer one; after a delete, the
+    /// name starts again; a version that is not a number is taken.
+    #[test]
+    fn an_older_copy_is_not_newer() {
+        let l = Link::default();
+        let k = Key::new("ns", "m1");
+        assert!(l.newer(Kind::Hardware, &k, Some("7")));
+        assert!(!l.newer(Kind::Hardware, &k, Some("6")), "a stale event");
+        assert!(!l.newer(Kind::Hardware, &k, Some("7")), "the same copy");
+        assert!(l.newer(Kind::Hardware, &k, Some("8")));
+        assert!(l.newer(Kind::Workflow, &k, Some("1")), "per kind");
+        assert!(l.newer(Kind::Hardware, &k, Some("x1")));
+        assert!(l.newer(Kind::Hardware, &k, None));
+        l.forget(Kind::Hardware, &k);
+        assert!(l.newer(Kind::Hardware, &k, Some("2")));
     }
 
     #[test]
