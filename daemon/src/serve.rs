@@ -39,12 +39,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => None,
     };
     let client = clients.as_ref().map(|c| c.requests.clone());
-    let cluster = client.as_ref().map(|c| {
-        Arc::new(crate::kube::writer::Cluster::new(c.clone()).with_metrics(app.metrics.clone()))
+    // Kube mode: the services reach the cluster through their port.
+    let port = client.as_ref().map(|c| {
+        let cluster = Arc::new(
+            crate::kube::writer::Cluster::new(c.clone()).with_metrics(app.metrics.clone()),
+        );
+        Arc::new(crate::kube::writer::Port::new(cluster, app.store.clone()))
     });
-    if let Some(c) = &cluster {
-        app.services.link.connect(c.clone());
+    if let Some(p) = &port {
+        app.services.link.connect(p.clone());
     }
+    let mirror_port = port.clone();
     // The writers: what one instance at a time runs (kube mode: the
     // leader's), started again whenever this instance wins the Lease.
     let writers = {
@@ -79,16 +84,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     t.push(tokio::spawn(bmc.clone().poll(poll)));
                 }
             }
-            if let Some(c) = &cluster
+            if let Some(p) = &port
                 && (tink || rufio)
             {
-                let pusher = crate::kube::writer::Pusher::new(
-                    app.store.clone(),
-                    c.clone(),
-                    app.services.link.clone(),
-                    tink,
-                    rufio,
-                );
+                let pusher = crate::kube::writer::Pusher::new(p.clone(), tink, rufio);
                 t.push(tokio::spawn(pusher.run()));
             }
             t
@@ -102,12 +101,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut host_writers = vec![];
     let stop_leading = Arc::new(tokio::sync::Notify::new());
     let mut lead_task = None;
-    match (&app.kube, clients) {
-        (Some(sync), Some(clients)) => {
+    match (&app.kube, clients, mirror_port) {
+        (Some(sync), Some(clients), Some(port)) => {
             let namespace = config.kube.namespace.clone();
             let kinds = crate::kube::mirror::kinds(&config.kube);
             let mirror = crate::kube::mirror::Mirror {
                 services: app.services.clone(),
+                port,
                 sync: sync.clone(),
                 metrics: app.metrics.clone(),
                 events: app.events.clone(),
@@ -249,18 +249,7 @@ async fn open(
         tracing::warn!(dir = %config.tftp.ipxe_dir.display(), "no iPXE binaries found (Debian: apt-get install ipxe); PXE clients cannot boot");
     }
     let wake = Arc::new(tokio::sync::Notify::new());
-    let link = Arc::new(crate::kube::writer::Link::default());
-    let bmc = Arc::new(
-        bmc::jobs::Runner::new(
-            store.clone(),
-            inventory.clone(),
-            sink.clone(),
-            wake.clone(),
-            config.bmc.task_timeout,
-            config.bmc.attempts,
-        )
-        .with_link(link.clone()),
-    );
+    let link = Arc::new(crate::services::Link::default());
     let services = Arc::new(Services {
         hardware: HardwareService::new(
             store.clone(),
@@ -279,6 +268,14 @@ async fn open(
         .with_link(link.clone()),
         link,
     });
+    let bmc = Arc::new(bmc::jobs::Runner::new(
+        services.clone(),
+        store.clone(),
+        inventory.clone(),
+        sink.clone(),
+        config.bmc.task_timeout,
+        config.bmc.attempts,
+    ));
     let app = Arc::new(App {
         config: config.clone(),
         public_ip,

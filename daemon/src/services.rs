@@ -11,10 +11,10 @@ use crate::clock::now_ms;
 use crate::events::{Event, EventSink, Kind};
 use crate::hardware::{self, FieldError, Firmware, Hardware, Key};
 use crate::inventory::{Inventory, Patch};
-use crate::kube::writer::{Dirty, Link};
 use crate::metrics::Metrics;
 use crate::metrics::{ResultLabels, StateLabels};
-use crate::store::bmc::{JobKind, NewJob};
+use crate::store::bmc::{JobKind, JobRow, NewJob};
+use crate::store::mirror::MirrorItem;
 use crate::store::workflow::WorkflowRow;
 use crate::store::{Outcome, Store, StoreError};
 use crate::workflow::agent::{self, Refusal, Served};
@@ -22,6 +22,9 @@ use crate::workflow::model::{Action as WfAction, State as WfState, Status};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use tokio::sync::{Mutex, Notify};
+
+pub mod cluster;
+pub use cluster::{Copy, Link, Owed};
 
 /// Why a use case refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +38,7 @@ pub enum Error {
     Store(#[from] StoreError),
     /// Kube mode: the write to the cluster failed.
     #[error(transparent)]
-    Cluster(#[from] crate::kube::writer::WriteError),
+    Cluster(#[from] cluster::ClusterError),
 }
 
 /// Hardware: apply, delete, and the changes other use cases make to it.
@@ -92,19 +95,18 @@ impl HardwareService {
     pub async fn update(
         &self,
         key: &Key,
-        mut edit: impl FnMut(&mut Value) -> Result<(), FieldError>,
+        mut edit: impl FnMut(&mut Value) -> Result<(), FieldError> + Send,
     ) -> Result<Hardware, Error> {
         if let Some(cluster) = self.link.cluster() {
-            let doc = cluster
-                .update(crate::kinds::Kind::Hardware, key, |d| {
-                    edit(d)?;
-                    hardware::validate(crate::kube::clean(d.clone())).map(|_| ())
-                })
-                .await?;
-            let hw = hardware::validate(crate::kube::clean(doc.clone()))?;
+            let mut checked = |d: &mut Value| {
+                edit(d)?;
+                hardware::validate(crate::kinds::clean(d.clone())).map(|_| ())
+            };
+            let copy = cluster.update_hardware(key, &mut checked).await?;
+            let hw = copy.item.clone();
             // With its resourceVersion: the watch's older copies of it,
             // still on their way, are not mirrored over it.
-            self.mirror(Mirrored::One(doc)).await?;
+            self.mirror(Mirrored::One(copy)).await?;
             return Ok(hw);
         }
         let _w = self.write.lock().await;
@@ -220,38 +222,25 @@ impl HardwareService {
     }
 
     /// The Kubernetes mirror's write (`kube::mirror`): the cluster is the
-    /// truth. A document tinkerbox cannot take is reported (`kube.invalid`)
-    /// and the stored copy kept; a MAC or IP two Hardware claim is stored
-    /// and answers nothing (`hardware.conflict`, once per conflict).
-    pub async fn mirror(&self, change: Mirrored) -> Result<(), StoreError> {
+    /// truth. The stored copy of a document the cluster has but tinkerbox
+    /// cannot take (the mirror reported it) is kept, as is one newer than
+    /// the change's; a MAC or IP two Hardware claim is stored and answers
+    /// nothing (`hardware.conflict`, once per conflict).
+    pub async fn mirror(&self, change: Mirrored<Hardware>) -> Result<(), StoreError> {
         let _w = self.write.lock().await;
-        let (docs, replace) = match change {
-            Mirrored::All(docs) => (docs, true),
-            Mirrored::One(doc) => (vec![doc], false),
+        let (copies, invalid, replace) = match change {
+            Mirrored::All { items, invalid } => (items, invalid, true),
+            Mirrored::One(c) => (vec![c], vec![], false),
             Mirrored::Gone(key, _) => {
                 self.link.forget(crate::kinds::Kind::Hardware, &key);
                 self.delete_locked(&key, " (mirrored)").await?;
                 return Ok(());
             }
         };
-        let (docs, mut kept) = newest(&self.link, crate::kinds::Kind::Hardware, docs);
-        if !replace && docs.is_empty() {
+        let (mut items, mut kept) = newest(&self.link, crate::kinds::Kind::Hardware, copies);
+        kept.extend(invalid);
+        if !replace && items.is_empty() {
             return Ok(());
-        }
-        let mut items = Vec::with_capacity(docs.len());
-        for doc in docs {
-            let name = crate::kube::doc_key(&doc);
-            match hardware::validate(doc) {
-                Ok(hw) => items.push(hw),
-                Err(e) => {
-                    tracing::warn!(hardware = %name, error = %e, "kube: Hardware not mirrored");
-                    self.events.record(Event::new(
-                        Kind::KubeInvalid,
-                        format!("Hardware {name} from the cluster is not served: {e}"),
-                    ));
-                    kept.push(name);
-                }
-            }
         }
         if replace && !kept.is_empty() {
             // The last good copy of an object that turned invalid stays.
@@ -296,80 +285,61 @@ impl HardwareService {
     }
 }
 
-/// A change the Kubernetes mirror hands a service.
-pub enum Mirrored {
-    /// The whole set (a list's `InitDone`): everything else goes.
-    All(Vec<Value>),
+/// A change the Kubernetes mirror hands a service: checked copies.
+pub enum Mirrored<T> {
+    /// The whole set (a list's `InitDone`): everything else goes, but the
+    /// objects the cluster has that tinkerbox could not take (`invalid`:
+    /// their last good copy stays).
+    All {
+        items: Vec<Copy<T>>,
+        invalid: Vec<Key>,
+    },
     /// One object created or changed.
-    One(Value),
+    One(Copy<T>),
     /// One object deleted; with its uid, only that object (not one made
     /// again under its name since).
     Gone(Key, Option<String>),
 }
 
-/// The cluster's copies, each without its resourceVersion (stored
-/// documents do not carry it) and split by it: those newer than every
-/// copy of their object mirrored so far, and the keys of the older ones
-/// (a watch event overtaken by a write already mirrored: the stored copy
-/// stays).
-fn newest(link: &Link, kind: crate::kinds::Kind, docs: Vec<Value>) -> (Vec<Value>, Vec<Key>) {
-    let mut fresh = Vec::with_capacity(docs.len());
+/// The copies newer than every copy of their object mirrored so far, and
+/// the keys of the older ones (a watch event overtaken by a write already
+/// mirrored: the stored copy stays).
+fn newest<T>(link: &Link, kind: crate::kinds::Kind, copies: Vec<Copy<T>>) -> (Vec<T>, Vec<Key>) {
+    let mut fresh = Vec::with_capacity(copies.len());
     let mut stale = vec![];
-    for doc in docs {
-        let key = crate::kube::doc_key(&doc);
-        let rv = doc
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .map(String::from);
-        let doc = crate::kube::clean(doc);
-        if link.newer(kind, &key, rv.as_deref()) {
-            fresh.push(doc);
+    for c in copies {
+        if link.newer(kind, &c.key, c.version.as_deref()) {
+            fresh.push(c.item);
         } else {
-            stale.push(key);
+            stale.push(c.key);
         }
     }
     (fresh, stale)
 }
 
-/// The Kubernetes mirror's write of a kind other than Hardware: each
-/// object checked by its kind's rules; one that fails is reported
-/// (`kube.invalid`) and its last good copy kept, as is the stored copy of
-/// one the change has an older copy of.
+/// The Kubernetes mirror's write of a kind other than Hardware; the
+/// stored copy of an object the cluster has but tinkerbox could not take,
+/// or of one the change has an older copy of, stays.
 async fn mirror_objects(
     store: &Store,
-    events: &EventSink,
     link: &Link,
     kind: crate::kinds::Kind,
-    change: Mirrored,
+    change: Mirrored<MirrorItem>,
     take_status: bool,
 ) -> Result<(), StoreError> {
-    let (docs, replace) = match change {
-        Mirrored::All(docs) => (docs, true),
-        Mirrored::One(doc) => (vec![doc], false),
+    let (copies, invalid, replace) = match change {
+        Mirrored::All { items, invalid } => (items, invalid, true),
+        Mirrored::One(c) => (vec![c], vec![], false),
         Mirrored::Gone(key, uid) => {
             link.forget(kind, &key);
             store.mirror_delete(kind, &key, uid.as_deref()).await?;
             return Ok(());
         }
     };
-    let (docs, mut kept) = newest(link, kind, docs);
-    if !replace && docs.is_empty() {
+    let (items, mut kept) = newest(link, kind, copies);
+    kept.extend(invalid);
+    if !replace && items.is_empty() {
         return Ok(());
-    }
-    let mut items = Vec::with_capacity(docs.len());
-    for doc in docs {
-        let name = crate::kube::doc_key(&doc);
-        match crate::kube::convert::item(kind, doc) {
-            Ok(item) => items.push(item),
-            Err(e) => {
-                tracing::warn!(kind = ?kind, name = %name, error = %e, "kube: object not mirrored");
-                events.record(Event::new(
-                    Kind::KubeInvalid,
-                    format!("{kind:?} {name} from the cluster is not used: {e}"),
-                ));
-                kept.push(name);
-            }
-        }
     }
     store
         .mirror_objects(kind, &items, replace, &kept, take_status)
@@ -471,31 +441,20 @@ impl BmcService {
             m.remove("annotations");
         }
         if let Some(cluster) = self.link.cluster() {
-            // The Job is made where Rufio's callers make it; the mirror
-            // brings it back and the runner (or Rufio) runs it.
-            use crate::kinds::Kind as K;
-            if let Some(run) = run
-                && let Some(old) = cluster.get(K::Job, key).await?
-            {
-                let status = old.get("status").cloned().unwrap_or_default();
-                let running = crate::kube::convert::job_running(&status);
-                let ours = old
-                    .pointer("/metadata/annotations")
-                    .and_then(|a| a.get(crate::store::bmc::RUN_ANNOTATION))
-                    .and_then(Value::as_str)
-                    == Some(run);
-                if running || ours {
-                    return Ok(());
-                }
-                cluster.delete(K::Job, key).await?;
-            }
-            // Stored at once, not when the watch brings it: the engine's
-            // next pass must see this Job, not none (it would make another)
-            // nor an older one of the name (told apart by uid).
-            if let Some(made) = cluster.create(K::Job, key, &doc).await? {
+            // The Job is made where Rufio's callers make it, and stored at
+            // once, not when the watch brings it: the engine's next pass
+            // must see this Job, not none (it would make another) nor an
+            // older one of the name (told apart by uid).
+            if let Some(made) = cluster.put_job(key, &doc, run).await? {
                 let change = Mirrored::One(made);
-                mirror_objects(&self.store, &self.events, &self.link, K::Job, change, false)
-                    .await?;
+                mirror_objects(
+                    &self.store,
+                    &self.link,
+                    crate::kinds::Kind::Job,
+                    change,
+                    false,
+                )
+                .await?;
                 self.wake.notify_one();
             }
             return Ok(());
@@ -517,6 +476,36 @@ impl BmcService {
             }
         }
         self.wake.notify_one();
+        Ok(())
+    }
+
+    /// The BMC runner's record of a job's progress, owed to the cluster.
+    pub async fn save_job(&self, j: &JobRow) -> Result<(), StoreError> {
+        self.store.save_job(j).await?;
+        self.link.owe(Owed::Job(j.key()));
+        Ok(())
+    }
+
+    /// Kube mode: the cluster has job `key`'s status as stored now.
+    pub async fn job_durable(&self, key: &Key) -> Result<(), cluster::ClusterError> {
+        match self.link.cluster() {
+            Some(c) => c.job_durable(key).await,
+            None => Ok(()),
+        }
+    }
+
+    /// A BMC Machine's power state and Contactable condition, as the
+    /// runner or its poll found them; owed to the cluster when more than
+    /// the time changed.
+    pub async fn record_contact(
+        &self,
+        bmc: &Key,
+        power: Option<crate::bmc::PowerState>,
+        condition: &Value,
+    ) -> Result<(), StoreError> {
+        if self.store.set_bmc_status(bmc, power, condition).await? {
+            self.link.owe(Owed::Machine(bmc.clone()));
+        }
         Ok(())
     }
 
@@ -550,7 +539,7 @@ impl BmcService {
         let bmc_name = m.bmc.as_deref().unwrap_or_default();
         let bmc = Key::new(key.namespace.clone(), bmc_name);
         let efi = m.interfaces.iter().any(|i| i.firmware == Firmware::Uefi);
-        let tasks = crate::workflow::engine::netboot_tasks(efi);
+        let tasks = crate::bmc::model::netboot_tasks(efi);
         self.events.record(
             Event::new(
                 Kind::BmcNetboot,
@@ -668,7 +657,7 @@ impl WorkflowService {
             .store
             .save_workflow_status(&row.key, row.version, next)
             .await?;
-        self.link.outbox.mark(Dirty::Workflow(row.key.clone()));
+        self.link.owe(Owed::Workflow(row.key.clone()));
         self.record(row, next);
         Ok(v)
     }
@@ -791,10 +780,13 @@ impl WorkflowService {
     }
 
     /// Kube mode: a worker's answer waits until the cluster has every
-    /// milestone it carries ([`Link::make_durable`]).
+    /// milestone it carries ([`cluster::Cluster::workflow_durable`]).
     async fn durable(&self, key: &Key, version: i64, next: &Status) -> Result<(), WorkerError> {
-        self.link
-            .make_durable(&self.store, key, version, next)
+        let Some(cluster) = self.link.cluster() else {
+            return Ok(());
+        };
+        cluster
+            .workflow_durable(key, version, next)
             .await
             .map_err(|e| {
                 tracing::warn!(workflow = %key, error = %e, "kube: a worker's change is not in the cluster yet; the worker will retry");
@@ -850,19 +842,15 @@ impl Services {
     pub async fn mirror(
         &self,
         kind: crate::kinds::Kind,
-        change: Mirrored,
+        change: Mirrored<MirrorItem>,
         take_status: bool,
     ) -> Result<(), StoreError> {
         use crate::kinds::Kind as K;
-        let (store, events, wake) = match kind {
-            K::Template | K::Workflow => (
-                &self.workflow.store,
-                &self.workflow.events,
-                &self.workflow.wake,
-            ),
-            _ => (&self.bmc.store, &self.bmc.events, &self.bmc.wake),
+        let (store, wake) = match kind {
+            K::Template | K::Workflow => (&self.workflow.store, &self.workflow.wake),
+            _ => (&self.bmc.store, &self.bmc.wake),
         };
-        mirror_objects(store, events, &self.link, kind, change, take_status).await?;
+        mirror_objects(store, &self.link, kind, change, take_status).await?;
         wake.notify_one();
         Ok(())
     }
@@ -962,23 +950,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (svc, store) = service(&dir).await;
         let copy = |rv: &str, pxe: bool| {
-            json!({"apiVersion": hardware::API_VERSION, "kind": "Hardware",
-                "metadata": {"name": "m1", "namespace": "default", "resourceVersion": rv},
-                "spec": {"interfaces": [{"dhcp": {"mac": "02:00:00:00:00:01"}, "netboot": {"allowPXE": pxe}}]}})
+            Copy {
+            key: Key::new("default", "m1"),
+            item: hardware::validate(json!({"apiVersion": hardware::API_VERSION, "kind": "Hardware",
+                "metadata": {"name": "m1", "namespace": "default"},
+                "spec": {"interfaces": [{"dhcp": {"mac": "02:00:00:00:00:01"}, "netboot": {"allowPXE": pxe}}]}}))
+            .unwrap(),
+            version: Some(rv.to_string()),
+        }
         };
         let pxe = |d: Value| d["spec"]["interfaces"][0]["netboot"]["allowPXE"].clone();
         let key = Key::new("default", "m1");
         svc.mirror(Mirrored::One(copy("10", true))).await.unwrap();
         svc.mirror(Mirrored::One(copy("9", false))).await.unwrap();
         let d = store.get(&key).await.unwrap().unwrap();
-        assert_eq!(pxe(d.clone()), true, "the stale event is dropped");
-        assert!(
-            d.pointer("/metadata/resourceVersion").is_none(),
-            "not stored"
-        );
-        svc.mirror(Mirrored::All(vec![copy("8", false)]))
-            .await
-            .unwrap();
+        assert_eq!(pxe(d), true, "the stale event is dropped");
+        svc.mirror(Mirrored::All {
+            items: vec![copy("8", false)],
+            invalid: vec![],
+        })
+        .await
+        .unwrap();
         assert_eq!(
             pxe(store.get(&key).await.unwrap().unwrap()),
             true,

@@ -101,8 +101,10 @@ impl From<crate::services::Error> for ApiError {
                 ApiError::new(StatusCode::NOT_FOUND, format!("{what} not found"))
             }
             Error::Store(s) => s.into(),
-            Error::Cluster(crate::kube::writer::WriteError::Invalid(f)) => ApiError::bad_request(f),
-            Error::Cluster(e @ crate::kube::writer::WriteError::NotFound { .. }) => {
+            Error::Cluster(crate::services::cluster::ClusterError::Invalid(f)) => {
+                ApiError::bad_request(f)
+            }
+            Error::Cluster(e @ crate::services::cluster::ClusterError::NotFound(_)) => {
                 ApiError::new(StatusCode::NOT_FOUND, e.to_string())
             }
             Error::Cluster(e) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),

@@ -10,7 +10,7 @@ use crate::clock::now_ms;
 use crate::events::{Event, EventSink, Kind};
 use crate::hardware::Key;
 use crate::inventory::Inventory;
-use crate::kube::writer::{Dirty, Link};
+use crate::services::Services;
 use crate::store::Store;
 use crate::store::bmc::{JobRow, State};
 use serde_json::json;
@@ -176,42 +176,35 @@ pub struct Runner {
     /// Attempts per task (backoff 1 s, 2 s, 4 s, ... between them).
     pub attempts: u32,
     running: Mutex<HashSet<i64>>,
-    /// Kube mode: status copied to the cluster.
-    link: Arc<Link>,
+    /// Every write (a job's progress, a Machine's status) goes through
+    /// the BMC service, which owes it to the cluster in kube mode.
+    services: Arc<Services>,
 }
 
 impl Runner {
     pub fn new(
+        services: Arc<Services>,
         store: Store,
         inventory: Arc<Inventory>,
         events: EventSink,
-        wake: Arc<Notify>,
         task_timeout: Duration,
         attempts: u32,
     ) -> Self {
         Runner {
+            wake: services.bmc.wake.clone(),
             store,
             inventory,
             events,
-            wake,
             task_timeout,
             attempts: attempts.max(1),
             running: Mutex::new(HashSet::new()),
-            link: Arc::default(),
+            services,
         }
     }
 
-    /// Kube mode: whose outbox every job and Machine status goes to.
-    pub fn with_link(mut self, link: Arc<Link>) -> Self {
-        self.link = link;
-        self
-    }
-
-    /// Persist a job's progress, and owe it to the cluster (kube mode).
+    /// Persist a job's progress (through the BMC service).
     async fn save(&self, j: &JobRow) -> Result<(), crate::store::StoreError> {
-        self.store.save_job(j).await?;
-        self.link.outbox.mark(Dirty::Job(j.key()));
-        Ok(())
+        self.services.bmc.save_job(j).await
     }
 
     /// Recover from the last run, then start pending jobs as they come.
@@ -349,7 +342,7 @@ impl Runner {
         // sent, so a leader after this one never sends it again (it finds
         // the job Running and fails it instead). Not recorded: not run,
         // tried again by the next pass.
-        if let Err(e) = self.link.make_job_durable(&self.store, &key).await {
+        if let Err(e) = self.services.bmc.job_durable(&key).await {
             tracing::warn!(job = %key, error = %e, "bmc: the cluster did not take the job's start; not sending anything yet");
             j.state = State::Pending;
             if let Err(e) = self.save(&j).await {
@@ -601,12 +594,8 @@ impl Runner {
             "message": err.unwrap_or(""),
             "lastUpdateTime": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         });
-        match self.store.set_bmc_status(b, power, &cond).await {
-            // Unchanged but for the time: not worth a write to the cluster
-            // at every poll of every Machine.
-            Ok(true) => self.link.outbox.mark(Dirty::Machine(b.clone())),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "bmc: cannot save status"),
+        if let Err(e) = self.services.bmc.record_contact(b, power, &cond).await {
+            tracing::warn!(error = %e, "bmc: cannot save status");
         }
     }
 
@@ -619,7 +608,7 @@ impl Runner {
         }
         // Kube mode: the outcome in the cluster at once, not behind the
         // outbox (a leader after this one would find the job Running).
-        if let Err(e) = self.link.make_job_durable(&self.store, &j.key()).await {
+        if let Err(e) = self.services.bmc.job_durable(&j.key()).await {
             tracing::warn!(job = %j.key(), error = %e, "bmc: the job's outcome is not in the cluster yet; the outbox keeps it");
         }
         tracing::info!(job = %j.key(), state = state.as_str(), message = j.message.as_deref().unwrap_or(""), "bmc: job finished");

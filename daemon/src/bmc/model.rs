@@ -3,6 +3,7 @@
 //! errors that name the field. The documents are kept whole (like Hardware);
 //! these types are the checked view.
 
+use super::{BootDevice, PowerAction};
 use crate::hardware::{FieldError, Key};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -479,6 +480,34 @@ pub fn check_action(t: &Action, f: &str) -> Result<(), FieldError> {
         ));
     }
     Ok(())
+}
+
+/// A network boot: power off, PXE once (EFI if `efi`), power on.
+pub fn netboot_tasks(efi: bool) -> Vec<Action> {
+    vec![
+        power_action(PowerAction::Off),
+        boot_once(BootDevice::Pxe, efi),
+        power_action(PowerAction::On),
+    ]
+}
+
+/// Rufio's one-time boot device, as tink-controller asks for it.
+pub fn boot_once(device: BootDevice, efi: bool) -> Action {
+    Action {
+        one_time_boot_device_action: Some(OneTimeBootDeviceAction {
+            device: vec![device],
+            efi_boot: efi,
+        }),
+        ..Action::default()
+    }
+}
+
+/// A power task.
+pub fn power_action(p: PowerAction) -> Action {
+    Action {
+        power_action: Some(p),
+        ..Action::default()
+    }
 }
 
 #[cfg(test)]

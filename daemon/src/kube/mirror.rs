@@ -8,9 +8,10 @@
 use super::{Sync, clean};
 use crate::config::{KubeConfig, Role};
 use crate::events::{Event, EventSink, Kind as EventKind};
+use crate::hardware::{FieldError, Key};
 use crate::kinds::Kind;
 use crate::metrics::{Metrics, WatchLabels};
-use crate::services::{Mirrored, Services};
+use crate::services::{Copy, Mirrored, Services};
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -83,10 +84,20 @@ fn wanted(kind: Kind, doc: &Value, rufio_external: bool) -> bool {
     }
 }
 
+/// A change the watch saw, as the cluster's documents.
+enum Change {
+    /// A whole list (`InitDone`).
+    All(Vec<Value>),
+    One(Value),
+    Gone(Key, Option<String>),
+}
+
 /// What the watches share.
 #[derive(Clone)]
 pub struct Mirror {
     pub services: Arc<Services>,
+    /// Kube's side of the services' port: told each Workflow's schema.
+    pub port: Arc<super::writer::Port>,
     pub sync: Arc<Sync>,
     pub metrics: Arc<Metrics>,
     pub events: EventSink,
@@ -158,14 +169,14 @@ impl Mirror {
                     continue;
                 }
                 Ok(watcher::Event::InitDone) => {
-                    ("relist", Mirrored::All(std::mem::take(&mut listed)))
+                    ("relist", Change::All(std::mem::take(&mut listed)))
                 }
                 Ok(watcher::Event::Apply(o)) => {
                     let doc = document(o, &ar);
                     if wanted(kind, &doc, self.rufio_external) {
-                        ("apply", Mirrored::One(doc))
+                        ("apply", Change::One(doc))
                     } else {
-                        ("apply", Mirrored::Gone(super::doc_key(&doc), None))
+                        ("apply", Change::Gone(super::doc_key(&doc), None))
                     }
                 }
                 Ok(watcher::Event::Delete(o)) => {
@@ -174,7 +185,7 @@ impl Mirror {
                         .pointer("/metadata/uid")
                         .and_then(Value::as_str)
                         .map(String::from);
-                    ("delete", Mirrored::Gone(super::doc_key(&doc), uid))
+                    ("delete", Change::Gone(super::doc_key(&doc), uid))
                 }
                 Err(e) => {
                     self.count(kind, "error");
@@ -250,23 +261,23 @@ impl Mirror {
                 .collect();
             self.count(kind, "resync");
             // Not leading yet: the status taken is the cluster's.
-            self.apply(kind, Mirrored::All(docs))
+            self.apply(kind, Change::All(docs))
                 .await
                 .map_err(|e| anyhow::anyhow!("storing {}: {e}", kind_name(kind)))?;
         }
         Ok(())
     }
 
-    async fn apply(&self, kind: Kind, change: Mirrored) -> Result<(), crate::store::StoreError> {
+    async fn apply(&self, kind: Kind, change: Change) -> Result<(), crate::store::StoreError> {
         let s = &self.services;
         if kind == Kind::Workflow {
             // Which schema each Workflow's status is in, for the pusher.
             match &change {
-                Mirrored::All(docs) => docs
+                Change::All(docs) => docs
                     .iter()
-                    .for_each(|d| s.link.saw_workflow(&super::doc_key(d), d.get("status"))),
-                Mirrored::One(d) => s.link.saw_workflow(&super::doc_key(d), d.get("status")),
-                Mirrored::Gone(key, _) => s.link.saw_workflow(key, None),
+                    .for_each(|d| self.port.saw_workflow(&super::doc_key(d), d.get("status"))),
+                Change::One(d) => self.port.saw_workflow(&super::doc_key(d), d.get("status")),
+                Change::Gone(key, _) => self.port.saw_workflow(key, None),
             }
         }
         // The cluster's status is the truth unless this instance writes
@@ -274,14 +285,73 @@ impl Mirror {
         // wrote, so that it goes on from there when it leads.
         let follower = !self.sync.leading.get();
         match kind {
-            Kind::Hardware => s.hardware.mirror(change).await,
-            Kind::Template | Kind::Workflow => {
-                s.mirror(kind, change, self.tink_external || follower).await
+            Kind::Hardware => match self.checked(kind, change, crate::hardware::validate) {
+                Some(m) => s.hardware.mirror(m).await,
+                None => Ok(()),
+            },
+            _ => {
+                let take = match kind {
+                    Kind::Template | Kind::Workflow => self.tink_external || follower,
+                    _ => self.rufio_external || follower,
+                };
+                match self.checked(kind, change, |d| super::convert::item(kind, d)) {
+                    Some(m) => s.mirror(kind, m, take).await,
+                    None => Ok(()),
+                }
             }
-            Kind::Machine | Kind::Job | Kind::Task | Kind::Secret => {
-                s.mirror(kind, change, self.rufio_external || follower)
-                    .await
+        }
+    }
+
+    /// The cluster's documents checked by their kind's rules (`check`),
+    /// each with its resourceVersion (taken out of the document: stored
+    /// ones do not carry it). One that fails is reported (`kube.invalid`)
+    /// and left out: a list names it so its last good copy stays; a single
+    /// change of it changes nothing (None).
+    fn checked<T>(
+        &self,
+        kind: Kind,
+        change: Change,
+        check: impl Fn(Value) -> Result<T, FieldError>,
+    ) -> Option<Mirrored<T>> {
+        let one = |doc: Value| -> Result<Copy<T>, Key> {
+            let key = super::doc_key(&doc);
+            let version = doc
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .map(String::from);
+            match check(clean(doc)) {
+                Ok(item) => Ok(Copy { key, item, version }),
+                Err(e) => {
+                    tracing::warn!(kind = kind_name(kind), name = %key, error = %e, "kube: object not mirrored");
+                    self.events.record(Event::new(
+                        EventKind::KubeInvalid,
+                        format!(
+                            "{} {key} from the cluster is not {}: {e}",
+                            kind_name(kind),
+                            if kind == Kind::Hardware {
+                                "served"
+                            } else {
+                                "used"
+                            }
+                        ),
+                    ));
+                    Err(key)
+                }
             }
+        };
+        match change {
+            Change::All(docs) => {
+                let (mut items, mut invalid) = (vec![], vec![]);
+                for d in docs {
+                    match one(d) {
+                        Ok(c) => items.push(c),
+                        Err(k) => invalid.push(k),
+                    }
+                }
+                Some(Mirrored::All { items, invalid })
+            }
+            Change::One(d) => one(d).ok().map(Mirrored::One),
+            Change::Gone(key, uid) => Some(Mirrored::Gone(key, uid)),
         }
     }
 
@@ -340,8 +410,14 @@ mod tests {
             workflow: WorkflowService::new(store.clone(), sink.clone(), metrics.clone(), wake),
             link: Arc::default(),
         });
+        let (dummy, _) = mock::client(vec![]);
+        let port = Arc::new(crate::kube::writer::Port::new(
+            Arc::new(crate::kube::writer::Cluster::new(dummy)),
+            store.clone(),
+        ));
         let m = Mirror {
             services,
+            port,
             sync: Arc::new(Sync::new(&["Hardware"])),
             metrics,
             events: sink,

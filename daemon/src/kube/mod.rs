@@ -42,24 +42,7 @@ pub fn doc_key(doc: &Value) -> Key {
     )
 }
 
-/// An object as the API server sends it, as tinkerbox stores it: without
-/// what changes on every write and says nothing about the object
-/// (`managedFields`, `resourceVersion`, `generation`, kubectl's
-/// last-applied copy), so that a status-only change is not a new document.
-pub fn clean(mut doc: Value) -> Value {
-    if let Some(meta) = doc.get_mut("metadata").and_then(Value::as_object_mut) {
-        for k in ["managedFields", "resourceVersion", "generation", "selfLink"] {
-            meta.remove(k);
-        }
-        if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            a.remove("kubectl.kubernetes.io/last-applied-configuration");
-            if a.is_empty() {
-                meta.remove("annotations");
-            }
-        }
-    }
-    doc
-}
+pub use crate::kinds::clean;
 
 /// Whether the mirror is current: every watched kind has been listed and
 /// its watch has not failed since.

@@ -11,14 +11,18 @@
 
 use super::convert::{self, WorkflowSchema, merge_patch};
 use super::mirror::{kind_name, resource};
+use crate::hardware::Hardware;
 use crate::hardware::{FieldError, Key};
 use crate::kinds::Kind;
+use crate::services::cluster::{ClusterError, Copy, Edit, Owed};
 use crate::store::Store;
 use crate::store::bmc::{JobKind, JobRow, State as JobState};
+use crate::store::mirror::MirrorItem;
 use crate::workflow::model::Milestones;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -281,12 +285,13 @@ fn strip(v: &Value) -> Value {
     v
 }
 
-/// What the services and engines share of the cluster: the writer (kube
-/// mode, once connected) and the outbox of status owed to it.
-#[derive(Default)]
-pub struct Link {
-    cluster: std::sync::OnceLock<std::sync::Arc<Cluster>>,
-    pub outbox: std::sync::Arc<Outbox>,
+/// Kube's side of the services' port ([`crate::services::cluster`]): the
+/// cluster's writer, the outbox of status owed to it, and what makes a
+/// worker's answer or a BMC command wait for the cluster.
+pub struct Port {
+    cluster: Arc<Cluster>,
+    store: Store,
+    pub outbox: Arc<Outbox>,
     /// Workflow status pushes, one at a time (each reads the newest row,
     /// so none is overtaken by an older one), and what the last push of
     /// each Workflow carried: its store version and milestones.
@@ -296,37 +301,18 @@ pub struct Link {
     schemas: Mutex<HashMap<Key, WorkflowSchema>>,
     /// Job status pushes, one at a time (each reads the newest row).
     jobs: tokio::sync::Mutex<()>,
-    /// The newest resourceVersion mirrored of each object.
-    versions: Mutex<HashMap<(Kind, Key), u64>>,
 }
 
-impl Link {
-    /// Whether a copy of `kind` `key` at resourceVersion `rv` is newer
-    /// than every copy mirrored so far (then it is the newest). A watch
-    /// event can arrive after the answer to a write that came later (the
-    /// services mirror that answer at once), and must not undo it.
-    /// Versions are compared as numbers, as etcd's revisions are; a copy
-    /// without one that is a number is always taken.
-    pub fn newer(&self, kind: Kind, key: &Key, rv: Option<&str>) -> bool {
-        let Some(rv) = rv.and_then(|v| v.parse::<u64>().ok()) else {
-            return true;
-        };
-        let mut m = self.versions.lock().unwrap_or_else(|p| p.into_inner());
-        match m.get(&(kind, key.clone())) {
-            Some(seen) if *seen >= rv => false,
-            _ => {
-                m.insert((kind, key.clone()), rv);
-                true
-            }
+impl Port {
+    pub fn new(cluster: Arc<Cluster>, store: Store) -> Port {
+        Port {
+            cluster,
+            store,
+            outbox: Arc::default(),
+            pushed: Default::default(),
+            schemas: Default::default(),
+            jobs: Default::default(),
         }
-    }
-
-    /// `kind` `key` was deleted: a later copy of the name is a new object.
-    pub fn forget(&self, kind: Kind, key: &Key) {
-        self.versions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&(kind, key.clone()));
     }
 
     /// The mirror saw Workflow `key` with this status (None: gone).
@@ -354,31 +340,103 @@ impl Link {
             .copied()
     }
 
-    /// Kube mode: the cluster is where mirrored objects are written.
-    pub fn connect(&self, c: std::sync::Arc<Cluster>) {
-        let _ = self.cluster.set(c);
+    /// The Pusher's Workflow push, in turn with the workers' own.
+    async fn push_workflow(&self, key: &Key) -> Result<(), WriteError> {
+        let mut pushed = self.pushed.lock().await;
+        push_workflow(
+            &self.cluster,
+            &self.store,
+            key,
+            self.schema_of(key),
+            &mut pushed,
+        )
+        .await
+    }
+}
+
+impl From<WriteError> for ClusterError {
+    fn from(e: WriteError) -> ClusterError {
+        match e {
+            WriteError::Invalid(f) => ClusterError::Invalid(f),
+            WriteError::NotFound { kind, key } => ClusterError::NotFound(format!("{kind} {key}")),
+            e => ClusterError::Failed(e.to_string()),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::services::cluster::Cluster for Port {
+    async fn update_hardware(
+        &self,
+        key: &Key,
+        edit: &mut Edit<'_>,
+    ) -> Result<Copy<Hardware>, ClusterError> {
+        let doc = self
+            .cluster
+            .update(Kind::Hardware, key, |d| edit(d))
+            .await?;
+        let version = doc
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .map(String::from);
+        let item = crate::hardware::validate(crate::kinds::clean(doc))?;
+        Ok(Copy {
+            key: key.clone(),
+            item,
+            version,
+        })
     }
 
-    pub fn cluster(&self) -> Option<&std::sync::Arc<Cluster>> {
-        self.cluster.get()
+    async fn put_job(
+        &self,
+        key: &Key,
+        doc: &Value,
+        run: Option<&str>,
+    ) -> Result<Option<Copy<MirrorItem>>, ClusterError> {
+        if let Some(run) = run
+            && let Some(old) = self.cluster.get(Kind::Job, key).await?
+        {
+            let status = old.get("status").cloned().unwrap_or_default();
+            let ours = old
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(crate::store::bmc::RUN_ANNOTATION))
+                .and_then(Value::as_str)
+                == Some(run);
+            if convert::job_running(&status) || ours {
+                return Ok(None);
+            }
+            self.cluster.delete(Kind::Job, key).await?;
+        }
+        let Some(made) = self.cluster.create(Kind::Job, key, doc).await? else {
+            return Ok(None);
+        };
+        let version = made
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .map(String::from);
+        let item = convert::item(Kind::Job, crate::kinds::clean(made))?;
+        Ok(Some(Copy {
+            key: key.clone(),
+            item,
+            version,
+        }))
     }
 
-    /// A worker was given or reported `next` (stored as `version`): in
-    /// kube mode, while this instance leads with Tink native, the cluster
-    /// has every milestone before the worker is answered, so that no
-    /// leader after this one serves an action again or loses a result.
+    fn owe(&self, o: Owed) {
+        self.outbox.mark(o);
+    }
+
+    /// In kube mode, while this instance leads with Tink native, the
+    /// cluster has every milestone before the worker is answered, so that
+    /// no leader after this one serves an action again or loses a result.
     /// A progress report (no milestone moved since the last push) only
     /// waits in the outbox.
-    pub async fn make_durable(
+    async fn workflow_durable(
         &self,
-        store: &Store,
         key: &Key,
         version: i64,
         next: &crate::workflow::model::Status,
-    ) -> Result<(), WriteError> {
-        let Some(cluster) = self.cluster.get() else {
-            return Ok(());
-        };
+    ) -> Result<(), ClusterError> {
         if !self.outbox.pushing_workflows() {
             return Ok(());
         }
@@ -388,40 +446,34 @@ impl Link {
         {
             return Ok(());
         }
-        push_workflow(cluster, store, key, self.schema_of(key), &mut pushed).await
+        Ok(push_workflow(
+            &self.cluster,
+            &self.store,
+            key,
+            self.schema_of(key),
+            &mut pushed,
+        )
+        .await?)
     }
 
-    /// In kube mode, while this instance leads with Rufio native: the
-    /// cluster has Job `key`'s status as stored now (Running before its
-    /// first BMC command is sent, so no later leader sends it again).
-    pub async fn make_job_durable(&self, store: &Store, key: &Key) -> Result<(), WriteError> {
-        let Some(cluster) = self.cluster.get() else {
-            return Ok(());
-        };
+    /// While this instance leads with Rufio native: Running before the
+    /// job's first BMC command is sent, so no later leader sends it again.
+    async fn job_durable(&self, key: &Key) -> Result<(), ClusterError> {
         if !self.outbox.pushing_bmc() {
             return Ok(());
         }
         let _one = self.jobs.lock().await;
-        let Some(row) = store.job(key).await? else {
+        let Some(row) = self.store.job(key).await.map_err(WriteError::from)? else {
             return Ok(());
         };
         let kind = match row.kind {
             JobKind::Job => Kind::Job,
             JobKind::Task => Kind::Task,
         };
-        cluster
+        self.cluster
             .apply_status(kind, key, &convert::job_status(&row))
             .await?;
         Ok(())
-    }
-
-    /// The Pusher's Workflow push, in turn with the workers' own.
-    async fn push_workflow(&self, store: &Store, key: &Key) -> Result<(), WriteError> {
-        let Some(cluster) = self.cluster.get() else {
-            return Ok(());
-        };
-        let mut pushed = self.pushed.lock().await;
-        push_workflow(cluster, store, key, self.schema_of(key), &mut pushed).await
     }
 }
 
@@ -462,15 +514,6 @@ async fn push_workflow(
     Ok(())
 }
 
-/// An object whose status tinkerbox owes the cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Dirty {
-    Workflow(Key),
-    /// A Job or a Task (a Rufio Task run as a one-task job).
-    Job(Key),
-    Machine(Key),
-}
-
 /// Status changes not yet copied to the cluster, one entry per object.
 /// Marking does nothing until a [`Pusher`] drains it (host mode never).
 #[derive(Default)]
@@ -480,7 +523,7 @@ pub struct Outbox {
     workflows: AtomicBool,
     /// A running Pusher writes Job, Task and Machine status (Rufio native).
     bmc: AtomicBool,
-    dirty: Mutex<HashSet<Dirty>>,
+    dirty: Mutex<HashSet<Owed>>,
     notify: Notify,
 }
 
@@ -517,7 +560,7 @@ impl Outbox {
         self.enabled.load(Ordering::Acquire) && self.bmc.load(Ordering::Acquire)
     }
 
-    pub fn mark(&self, d: Dirty) {
+    pub fn mark(&self, d: Owed) {
         if !self.enabled.load(Ordering::Acquire) {
             return;
         }
@@ -528,7 +571,7 @@ impl Outbox {
         self.notify.notify_one();
     }
 
-    fn take(&self) -> Vec<Dirty> {
+    fn take(&self) -> Vec<Owed> {
         self.dirty
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -536,7 +579,7 @@ impl Outbox {
             .collect()
     }
 
-    fn put_back(&self, d: Vec<Dirty>) {
+    fn put_back(&self, d: Vec<Owed>) {
         self.dirty
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -547,29 +590,23 @@ impl Outbox {
 /// Copies status from the store to the cluster.
 pub struct Pusher {
     store: Store,
-    cluster: std::sync::Arc<Cluster>,
-    link: std::sync::Arc<Link>,
+    cluster: Arc<Cluster>,
+    port: Arc<Port>,
     /// Workflow status is tinkerbox's to write (tink native).
     workflows: bool,
     /// Job, Task and Machine status is tinkerbox's to write (rufio native).
     bmc: bool,
     /// The Job and Machine status last written (not written again when
     /// only a poll's time changed).
-    last: HashMap<Dirty, Value>,
+    last: HashMap<Owed, Value>,
 }
 
 impl Pusher {
-    pub fn new(
-        store: Store,
-        cluster: std::sync::Arc<Cluster>,
-        link: std::sync::Arc<Link>,
-        workflows: bool,
-        bmc: bool,
-    ) -> Pusher {
+    pub fn new(port: Arc<Port>, workflows: bool, bmc: bool) -> Pusher {
         Pusher {
-            store,
-            cluster,
-            link,
+            store: port.store.clone(),
+            cluster: port.cluster.clone(),
+            port,
             workflows,
             bmc,
             last: HashMap::new(),
@@ -580,9 +617,9 @@ impl Pusher {
     /// leads, after the cluster's status was read back into the store, so
     /// nothing older is owed; aborted when it stops leading.
     pub async fn run(mut self) {
-        let outbox = self.link.outbox.clone();
+        let outbox = self.port.outbox.clone();
         // What an earlier leadership pushed says nothing of the cluster now.
-        self.link.pushed.lock().await.clear();
+        self.port.pushed.lock().await.clear();
         let _on = OnWhilePushing::new(&outbox, self.workflows, self.bmc);
         if self.bmc {
             // A Job the cluster had Running under the previous leader is
@@ -590,7 +627,7 @@ impl Pusher {
             match self.store.jobs(Some(JobState::Failed)).await {
                 Ok(failed) => failed
                     .into_iter()
-                    .for_each(|j| outbox.mark(Dirty::Job(j.key()))),
+                    .for_each(|j| outbox.mark(Owed::Job(j.key()))),
                 Err(e) => tracing::warn!(error = %e, "kube: cannot list failed jobs"),
             }
         }
@@ -625,16 +662,16 @@ impl Pusher {
         }
     }
 
-    async fn push(&mut self, d: &Dirty) -> Result<(), WriteError> {
+    async fn push(&mut self, d: &Owed) -> Result<(), WriteError> {
         match d {
-            Dirty::Workflow(_) if !self.workflows => {}
-            Dirty::Job(_) | Dirty::Machine(_) if !self.bmc => {}
-            Dirty::Workflow(key) => self.link.push_workflow(&self.store, key).await?,
-            Dirty::Job(key) => {
+            Owed::Workflow(_) if !self.workflows => {}
+            Owed::Job(_) | Owed::Machine(_) if !self.bmc => {}
+            Owed::Workflow(key) => self.port.push_workflow(key).await?,
+            Owed::Job(key) => {
                 // In turn with the runner's own pushes: never an older row
                 // over a newer one.
-                let link = self.link.clone();
-                let _one = link.jobs.lock().await;
+                let port = self.port.clone();
+                let _one = port.jobs.lock().await;
                 let Some(row) = self.store.job(key).await? else {
                     self.last.remove(d);
                     return Ok(());
@@ -652,7 +689,7 @@ impl Pusher {
                     self.push_tasks(key, &row).await?;
                 }
             }
-            Dirty::Machine(key) => {
+            Owed::Machine(key) => {
                 let Some(row) = self.store.bmc_machine(key).await? else {
                     return Ok(());
                 };
@@ -681,7 +718,7 @@ impl Pusher {
             }
             let tkey = Key::new(key.namespace.clone(), convert::task_name(&key.name, n));
             let status = convert::task_status(ts);
-            let mine = Dirty::Job(tkey.clone());
+            let mine = Owed::Job(tkey.clone());
             if self.last.get(&mine) == Some(&status) {
                 continue;
             }
@@ -868,23 +905,6 @@ mod tests {
         assert_eq!(server.seen().len(), 4);
     }
 
-    /// An older copy never replaces a newer one; after a delete, the
-    /// name starts again; a version that is not a number is taken.
-    #[test]
-    fn an_older_copy_is_not_newer() {
-        let l = Link::default();
-        let k = Key::new("ns", "m1");
-        assert!(l.newer(Kind::Hardware, &k, Some("7")));
-        assert!(!l.newer(Kind::Hardware, &k, Some("6")), "a stale event");
-        assert!(!l.newer(Kind::Hardware, &k, Some("7")), "the same copy");
-        assert!(l.newer(Kind::Hardware, &k, Some("8")));
-        assert!(l.newer(Kind::Workflow, &k, Some("1")), "per kind");
-        assert!(l.newer(Kind::Hardware, &k, Some("x1")));
-        assert!(l.newer(Kind::Hardware, &k, None));
-        l.forget(Kind::Hardware, &k);
-        assert!(l.newer(Kind::Hardware, &k, Some("2")));
-    }
-
     #[test]
     fn a_poll_that_changes_only_the_time_is_not_written() {
         let a = json!({"powerState": "on", "conditions": [{"type": "Contactable", "status": "True", "lastUpdateTime": "2026-11-24T10:00:00Z"}]});
@@ -909,22 +929,22 @@ mod tests {
     fn the_outbox_coalesces_and_is_off_until_a_pusher_runs() {
         let o = Outbox::default();
         let k = Key::new("ns", "w");
-        o.mark(Dirty::Workflow(k.clone()));
+        o.mark(Owed::Workflow(k.clone()));
         assert!(o.take().is_empty(), "off: nothing kept");
         let on = OnWhilePushing::new(&o, true, true);
         assert!(o.pushing_workflows());
-        o.mark(Dirty::Workflow(k.clone()));
-        o.mark(Dirty::Workflow(k.clone()));
-        o.mark(Dirty::Job(k.clone()));
+        o.mark(Owed::Workflow(k.clone()));
+        o.mark(Owed::Workflow(k.clone()));
+        o.mark(Owed::Job(k.clone()));
         let mut t = o.take();
         t.sort_by_key(|d| format!("{d:?}"));
-        assert_eq!(t, [Dirty::Job(k.clone()), Dirty::Workflow(k.clone())]);
+        assert_eq!(t, [Owed::Job(k.clone()), Owed::Workflow(k.clone())]);
         assert!(o.take().is_empty());
-        o.mark(Dirty::Workflow(k.clone()));
+        o.mark(Owed::Workflow(k.clone()));
         drop(on);
         assert!(!o.pushing_workflows());
         assert!(o.take().is_empty(), "a stopped pusher leaves nothing owed");
-        o.mark(Dirty::Workflow(k));
+        o.mark(Owed::Workflow(k));
         assert!(o.take().is_empty(), "and takes nothing more");
     }
 }

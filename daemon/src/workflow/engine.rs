@@ -22,7 +22,8 @@ use super::model::{
     WorkflowSpec,
 };
 use super::render;
-use crate::bmc::model::{Action, MediaKind, OneTimeBootDeviceAction, VirtualMediaAction};
+pub use crate::bmc::model::netboot_tasks;
+use crate::bmc::model::{Action, MediaKind, VirtualMediaAction, boot_once, power_action as power};
 use crate::bmc::{BootDevice, PowerAction};
 use crate::hardware::Key;
 use crate::services::Services;
@@ -136,33 +137,6 @@ pub fn phase_job(workflow: &str, spec: &WorkflowSpec, state: State) -> Option<St
         _ => return None,
     };
     Some(job_name(kind, workflow))
-}
-
-/// A network boot: power off, PXE once (EFI if `efi`), power on.
-pub fn netboot_tasks(efi: bool) -> Vec<Action> {
-    vec![
-        power(PowerAction::Off),
-        boot_once(BootDevice::Pxe, efi),
-        power(PowerAction::On),
-    ]
-}
-
-/// Rufio's one-time boot device, as tink-controller asks for it.
-fn boot_once(device: BootDevice, efi: bool) -> Action {
-    Action {
-        one_time_boot_device_action: Some(OneTimeBootDeviceAction {
-            device: vec![device],
-            efi_boot: efi,
-        }),
-        ..Action::default()
-    }
-}
-
-fn power(p: PowerAction) -> Action {
-    Action {
-        power_action: Some(p),
-        ..Action::default()
-    }
 }
 
 fn media(url: &str) -> Action {
