@@ -1,10 +1,11 @@
-//! The one write path. Every change to the inventory and the BMC state
-//! goes through a service here, whoever asks: the admin API, the CLI
-//! (through the API), and the subsystems still to come (the Kubernetes
-//! mirror, the workflow engine). A write is: the store first (one
+//! The one write path. Every change to the inventory, the BMC state and
+//! the Workflows goes through a service here, whoever asks: the admin API,
+//! the CLI (through the API), the gRPC workers, the workflow engine, the
+//! BMC runner and the Kubernetes mirror. A write is: the store first (one
 //! transaction), then the snapshot, then the events, under one lock, so
 //! snapshots are published in commit order and a read-modify-write cannot
-//! lose another writer's change.
+//! lose another writer's change. In kube mode the services reach the
+//! cluster through their own port ([`cluster`]), which `kube` implements.
 
 use crate::bmc::model::{Action, Doc};
 use crate::clock::now_ms;

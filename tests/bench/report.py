@@ -80,6 +80,9 @@ def check(rows):
             bad.append(r)
         elif sec == "kube" and not (r.get("change_ms") or {}).get("p99"):
             bad.append(r)
+        elif sec == "kube-ha" and (not r.get("requests_per_status_write") or not (r.get("lease") or {}).get("renewals_ok")
+                                   or r.get("succeeded") != r.get("agents")):
+            bad.append(r)
         elif sec == "install" and (r.get("syslog_s") is None or not r.get("image2disk_mb_s")
                                     or (r["config"].startswith("ref-") and not r.get("ref_mb_s"))):
             bad.append(r)
@@ -325,6 +328,18 @@ def main():
             add(f"kube: change in the cluster to served, p50 / p99 / max ms ({r.get('changes')} changes)",
                 f"{ch.get('p50')} / {ch.get('p99')} / {ch.get('max')}", "-", None, None,
                 "p99 < 1000", (ch.get("p99") or 1e9) < 1000)
+    for r in rows:
+        if r["section"] == "kube-ha":
+            who = f"{r.get('agents')} agents x {r.get('seconds')} s, {r.get('server')}"
+            add(f"kube HA: API requests per status write ({who})", r.get("requests_per_status_write"),
+                "-", None, None, "1", r.get("requests_per_status_write") == 1.0)
+            lease = r.get("lease") or {}
+            add(f"kube HA: the Lease's longest gap between renewals, s (failed: {lease.get('renewals_failed')})",
+                lease.get("longest_gap_s"), "-", None, None, "< 10 (step-down)",
+                (lease.get("longest_gap_s") or 1e9) < 10 and not lease.get("renewals_failed"))
+            ms = r.get("report_ms") or {}
+            add(f"kube HA: agent report, p50 / p99 / max ms ({r.get('reports')} reports, half forwarded)",
+                f"{ms.get('p50')} / {ms.get('p99')} / {ms.get('max')}", "-", None, None)
     for r in rows:
         if r["section"] == "dhcp-ready":
             add(f"{r['server']} ready with {r['config']} hosts: s / RSS MiB", "-", r["server"],

@@ -10,9 +10,10 @@
 //! - `convert`: cluster objects to store rows and back (Workflow status in
 //!   either CRD schema, Rufio's conditions), without a socket.
 //! - `writer`: the native roles' writes to the cluster (Hardware flips,
-//!   Jobs) and the outbox that copies status there.
-//! - [`Sync`]: whether the mirror is current, for `/healthz`, the metrics
-//!   and the event log.
+//!   Jobs, status), the services' port, and the outbox.
+//! - `lead`: the leader election; the engines run on its winner.
+//! - [`Sync`]: whether the mirror is current and who leads, for
+//!   `/healthz`, the metrics, the event log and the gRPC forwarder.
 //! - `crds`: `tinkerbox kube install-crds`, upstream's CRDs server-side
 //!   applied; `rbac`: `tinkerbox kube rbac`, the ServiceAccount and
 //!   (Cluster)Role tinkerbox needs, from a typed table.

@@ -1,13 +1,17 @@
 //! tinkerbox's writes to the cluster, for the roles it plays natively:
-//! - [`Cluster`]: one object at a time, read and written with its
-//!   resourceVersion as precondition and retried on a conflict (another
-//!   writer came between), every call bounded by the client's timeouts.
-//!   The services use it where the cluster is the truth: a Hardware's
-//!   `allowPXE` flip, a BMC Job a Workflow or a user starts.
+//! - [`Cluster`]: one object at a time, every call bounded. A spec change
+//!   is read and written with its resourceVersion as precondition and
+//!   retried on a conflict (another writer came between); a status write
+//!   is one server-side apply.
+//! - [`Port`]: the services' port to the cluster
+//!   ([`crate::services::cluster::Cluster`]), implemented here: a
+//!   Hardware's `allowPXE` flip, a BMC Job a Workflow or a user starts, and
+//!   what must be in the cluster before a worker is answered or a BMC
+//!   command sent.
 //! - [`Outbox`] + [`Pusher`]: status, which tinkerbox keeps in its store
 //!   (the engines write it there, fast and crash-safe) and copies to the
-//!   cluster behind them. Changes are coalesced per object, so a burst of
-//!   action reports is one patch, and kept while the API server is away.
+//!   cluster behind them, while this instance leads. Changes are coalesced
+//!   per object, so a burst of progress reports is one write.
 
 use super::convert::{self, WorkflowSchema, merge_patch};
 use super::mirror::{kind_name, resource};
