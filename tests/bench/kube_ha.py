@@ -26,7 +26,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -38,23 +37,8 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-
-
-def port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait(what, secs, f, interval=0.1):
-    deadline = time.monotonic() + secs
-    while time.monotonic() < deadline:
-        if f():
-            return
-        time.sleep(interval)
-    raise SystemExit(f"kube_ha bench: {what}: not within {secs}s")
+sys.path.insert(0, HERE)
+from kube import pct, port, wait  # noqa: E402  (the kube bench's helpers)
 
 
 def http_get(url, token=None, timeout=5):
@@ -87,11 +71,6 @@ def prom(text, name, labels=None):
         except ValueError:
             pass
     return total
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else None
 
 
 class Bench:

@@ -655,6 +655,39 @@ fn templates_workflows_and_bmc_objects_are_mirrored_with_their_status() {
     });
 }
 
+/// A Redfish BMC with sushy-emulator's credentials (Secret `bmc-creds`,
+/// Machine `bmc`) and Hardware `node` it drives, with `mac` and `ip`.
+pub(crate) fn bmc_node_docs(bmc: &str, node: &str, host: &str, mac: &str, ip: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: bmc-creds, namespace: default}}
+type: Opaque
+data: {{username: YWRtaW4=, password: czNjcmV0LVBhNTU=}}
+---
+apiVersion: bmc.tinkerbell.org/v1alpha1
+kind: Machine
+metadata: {{name: {bmc}, namespace: default}}
+spec:
+  connection:
+    host: "{host}"
+    insecureTLS: true
+    authSecretRef: {{name: bmc-creds, namespace: default}}
+    providerOptions:
+      redfish: {{useBasicAuth: true}}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Hardware
+metadata: {{name: {node}, namespace: default}}
+spec:
+  bmcRef: {{apiGroup: bmc.tinkerbell.org, kind: Machine, name: {bmc}}}
+  interfaces:
+  - dhcp: {{mac: "{mac}", ip: {{address: {ip}, netmask: 255.255.255.0}}}}
+    netboot: {{allowPXE: false}}
+"#
+    )
+}
+
 /// `kubectl get KIND NAME -o json`.
 pub(crate) fn cluster_get(c: &Cluster, kind: &str, name: &str) -> Value {
     serde_json::from_str(&c.kubectl(&["get", kind, name, "-o", "json"], None)).unwrap()
@@ -674,32 +707,7 @@ fn native_roles_run_the_clusters_workflow_and_write_everything_there() {
     let cluster = Cluster::start();
     let sushy = crate::bmc_jobs::Sushy::start();
     let docs = format!(
-        r#"apiVersion: v1
-kind: Secret
-metadata: {{name: bmc-creds, namespace: default}}
-type: Opaque
-data: {{username: YWRtaW4=, password: czNjcmV0LVBhNTU=}}
----
-apiVersion: bmc.tinkerbell.org/v1alpha1
-kind: Machine
-metadata: {{name: bmc-1, namespace: default}}
-spec:
-  connection:
-    host: "http://127.0.0.1:{port}"
-    insecureTLS: true
-    authSecretRef: {{name: bmc-creds, namespace: default}}
-    providerOptions:
-      redfish: {{useBasicAuth: true}}
----
-apiVersion: tinkerbell.org/v1alpha1
-kind: Hardware
-metadata: {{name: node-1, namespace: default}}
-spec:
-  bmcRef: {{apiGroup: bmc.tinkerbell.org, kind: Machine, name: bmc-1}}
-  interfaces:
-  - dhcp: {{mac: "{AGENT}", ip: {{address: 10.9.0.11, netmask: 255.255.255.0}}}}
-    netboot: {{allowPXE: false}}
----
+        r#"{node}---
 apiVersion: tinkerbell.org/v1alpha1
 kind: Template
 metadata: {{name: t1, namespace: default}}
@@ -718,7 +726,13 @@ spec:
   hardwareMap: {{device_1: "{AGENT}"}}
   bootOptions: {{toggleAllowNetboot: true, bootMode: netboot}}
 "#,
-        port = sushy.port
+        node = bmc_node_docs(
+            "bmc-1",
+            "node-1",
+            &format!("http://127.0.0.1:{}", sushy.port),
+            AGENT,
+            "10.9.0.11"
+        )
     );
     cluster.kubectl(&["create", "-f", "-"], Some(&docs));
     let d = kube_daemon(&cluster);

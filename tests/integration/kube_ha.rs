@@ -5,7 +5,8 @@
 
 use crate::common::{Daemon, hw_doc};
 use crate::kube::{
-    Cluster, M1, cluster_get, healthz, kube_daemon, kube_daemon_at, kube_daemon_with, until,
+    Cluster, M1, bmc_node_docs, cluster_get, healthz, kube_daemon, kube_daemon_at,
+    kube_daemon_with, until,
 };
 use serde_json::Value;
 use std::io::{Read, Write};
@@ -330,32 +331,7 @@ fn a_bmc_job_interrupted_by_the_leaders_death_is_never_sent_again() {
     let bmc = "[bmc]\nattempts = 6\n";
     let (mut a, b) = pair(&cluster, kube_daemon_with(&cluster, bmc));
     let docs = format!(
-        r#"apiVersion: v1
-kind: Secret
-metadata: {{name: bmc-creds, namespace: default}}
-type: Opaque
-data: {{username: YWRtaW4=, password: czNjcmV0LVBhNTU=}}
----
-apiVersion: bmc.tinkerbell.org/v1alpha1
-kind: Machine
-metadata: {{name: bmc-5, namespace: default}}
-spec:
-  connection:
-    host: "http://127.0.0.1:{port}"
-    insecureTLS: true
-    authSecretRef: {{name: bmc-creds, namespace: default}}
-    providerOptions:
-      redfish: {{useBasicAuth: true}}
----
-apiVersion: tinkerbell.org/v1alpha1
-kind: Hardware
-metadata: {{name: node-5, namespace: default}}
-spec:
-  bmcRef: {{apiGroup: bmc.tinkerbell.org, kind: Machine, name: bmc-5}}
-  interfaces:
-  - dhcp: {{mac: "52:54:00:6b:00:55", ip: {{address: 10.9.0.55, netmask: 255.255.255.0}}}}
-    netboot: {{allowPXE: false}}
----
+        r#"{node}---
 apiVersion: tinkerbell.org/v1alpha1
 kind: Template
 metadata: {{name: t5, namespace: default}}
@@ -373,7 +349,14 @@ spec:
   hardwareRef: node-5
   hardwareMap: {{device_1: "52:54:00:6b:00:55"}}
   bootOptions: {{bootMode: netboot}}
-"#
+"#,
+        node = bmc_node_docs(
+            "bmc-5",
+            "node-5",
+            &format!("http://127.0.0.1:{port}"),
+            "52:54:00:6b:00:55",
+            "10.9.0.55"
+        )
     );
     cluster.kubectl(&["create", "-f", "-"], Some(&docs));
     let job = || cluster_get(&cluster, "jobs.bmc.tinkerbell.org", "netboot-wf5");

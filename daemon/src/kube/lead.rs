@@ -279,9 +279,10 @@ impl Election {
         self.put(&current).await
     }
 
-    /// Write ourselves into `over` with its resourceVersion as the
-    /// precondition: a 409 means another instance wrote it first.
-    async fn put(&self, over: &Lease) -> Try {
+    /// Write ourselves into `over` before `until`: a PUT with its
+    /// resourceVersion as the precondition (a 409: another instance wrote
+    /// it first).
+    async fn write(&self, over: &Lease, until: Instant) -> Result<Lease, CallError> {
         let next = claimed(
             over,
             &self.identity,
@@ -289,13 +290,15 @@ impl Election {
             &self.name,
             &self.namespace,
         );
-        let until = Instant::now() + CALL_TIMEOUT;
-        match bounded(
+        bounded(
             self.api.replace(&self.name, &PostParams::default(), &next),
             until,
         )
         .await
-        {
+    }
+
+    async fn put(&self, over: &Lease) -> Try {
+        match self.write(over, Instant::now() + CALL_TIMEOUT).await {
             Ok(l) => Try::Won(Box::new(l)),
             Err(e) if e.conflict() => Try::Lost,
             Err(e) => Try::Failed(e.to_string()),
@@ -306,19 +309,7 @@ impl Election {
     /// user touched its labels) is renewed once more, another holder is
     /// a loss.
     async fn renew(&self, ours: &Lease, deadline: Instant) -> Result<Lease, Option<CallError>> {
-        let next = claimed(
-            ours,
-            &self.identity,
-            self.address.as_deref(),
-            &self.name,
-            &self.namespace,
-        );
-        let e = match bounded(
-            self.api.replace(&self.name, &PostParams::default(), &next),
-            deadline,
-        )
-        .await
-        {
+        let e = match self.write(ours, deadline).await {
             Ok(l) => return Ok(l),
             Err(e) => e,
         };
@@ -330,19 +321,7 @@ impl Election {
             .map_err(Some)?;
         match current {
             Some(c) if holder(&c) == Some(self.identity.as_str()) => {
-                let next = claimed(
-                    &c,
-                    &self.identity,
-                    self.address.as_deref(),
-                    &self.name,
-                    &self.namespace,
-                );
-                bounded(
-                    self.api.replace(&self.name, &PostParams::default(), &next),
-                    deadline,
-                )
-                .await
-                .map_err(Some)
+                self.write(&c, deadline).await.map_err(Some)
             }
             _ => Err(None),
         }
