@@ -405,6 +405,9 @@ where
         // start.
         let mut renewed = Instant::now();
         seen = None;
+        // Nobody to forward to while the cluster is read back: the workers
+        // are told to come again.
+        h.sync.leading.set(Leader::Unknown);
         tracing::info!(identity = %e.identity, lease = %who, "kube: took the Lease; reading the cluster back before the engines start");
         let mut writers: Vec<JoinHandle<()>> = vec![];
         let mut resync = Some(Box::pin((h.resync)()));

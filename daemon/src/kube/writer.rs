@@ -299,7 +299,11 @@ pub struct Port {
     /// Workflow status pushes, one at a time (each reads the newest row,
     /// so none is overtaken by an older one), and what the last push of
     /// each Workflow carried: its store version and milestones.
-    pushed: tokio::sync::Mutex<HashMap<Key, (i64, Milestones)>>,
+    pushed: Mutex<HashMap<Key, Pushed>>,
+    /// Each Workflow's pushes, one at a time: each reads the newest row,
+    /// so none is overtaken by an older one (different Workflows' pushes
+    /// go side by side). Never held to read `pushed`.
+    pushing: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
     /// The status schema each Workflow's own status is in, as the mirror
     /// last saw it (a Workflow without status gets the CRD's).
     schemas: Mutex<HashMap<Key, WorkflowSchema>>,
@@ -314,6 +318,7 @@ impl Port {
             store,
             outbox: Arc::default(),
             pushed: Default::default(),
+            pushing: Default::default(),
             schemas: Default::default(),
             jobs: Default::default(),
         }
@@ -344,19 +349,99 @@ impl Port {
             .copied()
     }
 
-    /// The Pusher's Workflow push, in turn with the workers' own.
-    async fn push_workflow(&self, key: &Key) -> Result<(), WriteError> {
-        let mut pushed = self.pushed.lock().await;
-        push_workflow(
-            &self.cluster,
-            &self.store,
-            key,
-            self.schema_of(key),
-            &mut pushed,
-        )
-        .await
+    fn pushed(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Pushed>> {
+        self.pushed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Copy Workflow `key`'s stored status to the cluster (the newest row,
+    /// read under the push lock) and remember what it carried. One call:
+    /// the schema is the object's own as the mirror saw it, else the CRD's
+    /// (cached). `progress_every`: a push that carries no new milestone
+    /// waits until this long after the last one (Deferred).
+    async fn push_workflow(
+        &self,
+        key: &Key,
+        progress_every: Option<Duration>,
+    ) -> Result<Push, WriteError> {
+        let turn = self
+            .pushing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let _one = turn.lock().await;
+        let Some(row) = self.store.workflow(key).await? else {
+            self.pushed().remove(key);
+            self.pushing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(key);
+            return Ok(Push::Done);
+        };
+        if crate::kinds::disabled(&row.doc).is_some() {
+            return Ok(Push::Done);
+        }
+        let milestones = row.status.milestones();
+        if let Some(p) = self.pushed().get(key) {
+            if p.version >= row.version {
+                return Ok(Push::Done); // this row (or a newer one) is there
+            }
+            if let Some(every) = progress_every
+                && p.milestones == milestones
+                && p.at.elapsed() < every
+            {
+                return Ok(Push::Deferred(p.at + every));
+            }
+        }
+        let schema = match self.schema_of(key) {
+            Some(s) => s,
+            None => self.cluster.workflow_schema().await,
+        };
+        let status = convert::status_to_cluster(&row.status, schema);
+        let r = self
+            .cluster
+            .apply_status(Kind::Workflow, key, &status)
+            .await;
+        if r.as_ref().is_err_and(|e| e.is(422)) {
+            *self
+                .cluster
+                .schema
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        if r? {
+            self.pushed().insert(
+                key.clone(),
+                Pushed {
+                    version: row.version,
+                    milestones,
+                    at: tokio::time::Instant::now(),
+                },
+            );
+        } else {
+            self.pushed().remove(key);
+        }
+        Ok(Push::Done)
     }
 }
+
+/// What the last status push of a Workflow carried, and when.
+struct Pushed {
+    version: i64,
+    milestones: Milestones,
+    at: tokio::time::Instant,
+}
+
+/// A push done (or not needed), or put off until then.
+enum Push {
+    Done,
+    Deferred(tokio::time::Instant),
+}
+
+/// Progress (a message, a time) is written at most this often per
+/// Workflow; milestones at once. An agent reports progress every 5 s.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 impl From<WriteError> for ClusterError {
     fn from(e: WriteError) -> ClusterError {
@@ -444,20 +529,15 @@ impl crate::services::cluster::Cluster for Port {
         if !self.outbox.pushing_workflows() {
             return Ok(());
         }
-        let mut pushed = self.pushed.lock().await;
-        if let Some((v, m)) = pushed.get(key)
-            && (*v >= version || *m == next.milestones())
+        // A milestone already in the cluster (this version or a newer one,
+        // or the same milestones as the last push): nothing to wait for.
+        if let Some(p) = self.pushed().get(key)
+            && (p.version >= version || p.milestones == next.milestones())
         {
             return Ok(());
         }
-        Ok(push_workflow(
-            &self.cluster,
-            &self.store,
-            key,
-            self.schema_of(key),
-            &mut pushed,
-        )
-        .await?)
+        self.push_workflow(key, None).await?;
+        Ok(())
     }
 
     /// While this instance leads with Rufio native: Running before the
@@ -479,43 +559,6 @@ impl crate::services::cluster::Cluster for Port {
             .await?;
         Ok(())
     }
-}
-
-/// Copy `key`'s stored status to the cluster (the newest row, read under
-/// the push lock) and remember what it carried. One call: the schema is
-/// the object's own as the mirror saw it, else the CRD's (cached).
-async fn push_workflow(
-    cluster: &Cluster,
-    store: &Store,
-    key: &Key,
-    schema: Option<WorkflowSchema>,
-    pushed: &mut HashMap<Key, (i64, Milestones)>,
-) -> Result<(), WriteError> {
-    let Some(row) = store.workflow(key).await? else {
-        pushed.remove(key);
-        return Ok(());
-    };
-    if crate::kinds::disabled(&row.doc).is_some() {
-        return Ok(());
-    }
-    if pushed.get(key).is_some_and(|(v, _)| *v >= row.version) {
-        return Ok(()); // this row (or a newer one) is there already
-    }
-    let schema = match schema {
-        Some(s) => s,
-        None => cluster.workflow_schema().await,
-    };
-    let status = convert::status_to_cluster(&row.status, schema);
-    let r = cluster.apply_status(Kind::Workflow, key, &status).await;
-    if r.as_ref().is_err_and(|e| e.is(422)) {
-        *cluster.schema.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
-    if r? {
-        pushed.insert(key.clone(), (row.version, row.status.milestones()));
-    } else {
-        pushed.remove(key);
-    }
-    Ok(())
 }
 
 /// Status changes not yet copied to the cluster, one entry per object.
@@ -623,7 +666,12 @@ impl Pusher {
     pub async fn run(mut self) {
         let outbox = self.port.outbox.clone();
         // What an earlier leadership pushed says nothing of the cluster now.
-        self.port.pushed.lock().await.clear();
+        self.port.pushed().clear();
+        self.port
+            .pushing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         let _on = OnWhilePushing::new(&outbox, self.workflows, self.bmc);
         if self.bmc {
             // A Job the cluster had Running under the previous leader is
@@ -636,16 +684,35 @@ impl Pusher {
             }
         }
         let mut backoff = Duration::from_millis(500);
+        // Progress put off, and until when.
+        let mut later: HashMap<Owed, tokio::time::Instant> = HashMap::new();
         loop {
+            let now = tokio::time::Instant::now();
+            let due: Vec<Owed> = later
+                .iter()
+                .filter(|(_, at)| **at <= now)
+                .map(|(d, _)| d.clone())
+                .collect();
+            for d in &due {
+                later.remove(d);
+            }
+            outbox.put_back(due);
             let batch = outbox.take();
             if batch.is_empty() {
-                outbox.notify.notified().await;
+                let next = later.values().min().copied();
+                tokio::select! {
+                    _ = outbox.notify.notified() => {}
+                    _ = tokio::time::sleep_until(next.unwrap_or(now + Duration::from_secs(3600))), if next.is_some() => {}
+                }
                 continue;
             }
             let mut failed = vec![];
             for d in batch {
                 match self.push(&d).await {
-                    Ok(()) => {}
+                    Ok(Push::Done) => {}
+                    Ok(Push::Deferred(at)) => {
+                        later.insert(d, at);
+                    }
                     Err(e) if e.permanent() => {
                         // Retrying cannot help; the next change tries again.
                         tracing::error!(object = ?d, error = %e, "kube: the cluster refused a status write");
@@ -666,11 +733,11 @@ impl Pusher {
         }
     }
 
-    async fn push(&mut self, d: &Owed) -> Result<(), WriteError> {
+    async fn push(&mut self, d: &Owed) -> Result<Push, WriteError> {
         match d {
             Owed::Workflow(_) if !self.workflows => {}
             Owed::Job(_) | Owed::Machine(_) if !self.bmc => {}
-            Owed::Workflow(key) => self.port.push_workflow(key).await?,
+            Owed::Workflow(key) => return self.port.push_workflow(key, Some(PROGRESS_EVERY)).await,
             Owed::Job(key) => {
                 // In turn with the runner's own pushes: never an older row
                 // over a newer one.
@@ -678,7 +745,7 @@ impl Pusher {
                 let _one = port.jobs.lock().await;
                 let Some(row) = self.store.job(key).await? else {
                     self.last.remove(d);
-                    return Ok(());
+                    return Ok(Push::Done);
                 };
                 let kind = match row.kind {
                     JobKind::Job => Kind::Job,
@@ -695,7 +762,7 @@ impl Pusher {
             }
             Owed::Machine(key) => {
                 let Some(row) = self.store.bmc_machine(key).await? else {
-                    return Ok(());
+                    return Ok(Push::Done);
                 };
                 let status = convert::machine_status(&row);
                 if !self.last.get(d).is_some_and(|l| same_but_time(l, &status)) {
@@ -706,7 +773,7 @@ impl Pusher {
                 }
             }
         }
-        Ok(())
+        Ok(Push::Done)
     }
 }
 
