@@ -688,6 +688,43 @@ spec:
     )
 }
 
+/// Template `template` of one task for `{{.device_1}}` with `actions`
+/// (each `bash`), and Workflow `workflow` of it for Hardware `hardware`
+/// whose device_1 is `mac`; `spec` adds lines to the Workflow's spec.
+pub(crate) fn workflow_docs(
+    template: &str,
+    actions: &[&str],
+    workflow: &str,
+    hardware: &str,
+    mac: &str,
+    spec: &str,
+) -> String {
+    let actions: Vec<String> = actions
+        .iter()
+        .map(|a| format!("{{name: {a}, image: bash}}"))
+        .collect();
+    format!(
+        r#"apiVersion: tinkerbell.org/v1alpha1
+kind: Template
+metadata: {{name: {template}, namespace: default}}
+spec:
+  data: |
+    name: {template}
+    tasks:
+    - {{name: a, worker: "{{{{.device_1}}}}", actions: [{}]}}
+---
+apiVersion: tinkerbell.org/v1alpha1
+kind: Workflow
+metadata: {{name: {workflow}, namespace: default}}
+spec:
+  templateRef: {template}
+  hardwareRef: {hardware}
+  hardwareMap: {{device_1: "{mac}"}}
+{spec}"#,
+        actions.join(", ")
+    )
+}
+
 /// `kubectl get KIND NAME -o json`.
 pub(crate) fn cluster_get(c: &Cluster, kind: &str, name: &str) -> Value {
     serde_json::from_str(&c.kubectl(&["get", kind, name, "-o", "json"], None)).unwrap()
@@ -707,25 +744,15 @@ fn native_roles_run_the_clusters_workflow_and_write_everything_there() {
     let cluster = Cluster::start();
     let sushy = crate::bmc_jobs::Sushy::start();
     let docs = format!(
-        r#"{node}---
-apiVersion: tinkerbell.org/v1alpha1
-kind: Template
-metadata: {{name: t1, namespace: default}}
-spec:
-  data: |
-    name: t1
-    tasks:
-    - {{name: a, worker: "{{{{.device_1}}}}", actions: [{{name: x, image: bash}}]}}
----
-apiVersion: tinkerbell.org/v1alpha1
-kind: Workflow
-metadata: {{name: wf1, namespace: default}}
-spec:
-  templateRef: t1
-  hardwareRef: node-1
-  hardwareMap: {{device_1: "{AGENT}"}}
-  bootOptions: {{toggleAllowNetboot: true, bootMode: netboot}}
-"#,
+        "{node}---\n{}",
+        workflow_docs(
+            "t1",
+            &["x"],
+            "wf1",
+            "node-1",
+            AGENT,
+            "  bootOptions: {toggleAllowNetboot: true, bootMode: netboot}\n"
+        ),
         node = bmc_node_docs(
             "bmc-1",
             "node-1",

@@ -6,7 +6,7 @@
 use crate::common::{Daemon, hw_doc};
 use crate::kube::{
     Cluster, M1, bmc_node_docs, cluster_get, healthz, kube_daemon, kube_daemon_at,
-    kube_daemon_with, until,
+    kube_daemon_with, until, workflow_docs,
 };
 use serde_json::Value;
 use std::io::{Read, Write};
@@ -18,25 +18,9 @@ use std::time::{Duration, Instant};
 /// Hardware m1, a Template of three actions for it, and Workflow `name`.
 fn docs(name: &str) -> String {
     format!(
-        r#"{hw}---
-apiVersion: tinkerbell.org/v1alpha1
-kind: Template
-metadata: {{name: t3, namespace: default}}
-spec:
-  data: |
-    name: t3
-    tasks:
-    - {{name: a, worker: "{{{{.device_1}}}}", actions: [{{name: x, image: bash}}, {{name: y, image: bash}}, {{name: z, image: bash}}]}}
----
-apiVersion: tinkerbell.org/v1alpha1
-kind: Workflow
-metadata: {{name: {name}, namespace: default}}
-spec:
-  templateRef: t3
-  hardwareRef: m1
-  hardwareMap: {{device_1: "{M1}"}}
-"#,
-        hw = hw_doc("m1", M1, "10.10.0.1")
+        "{}---\n{}",
+        hw_doc("m1", M1, "10.10.0.1"),
+        workflow_docs("t3", &["x", "y", "z"], name, "m1", M1, "")
     )
 }
 
@@ -331,25 +315,15 @@ fn a_bmc_job_interrupted_by_the_leaders_death_is_never_sent_again() {
     let bmc = "[bmc]\nattempts = 6\n";
     let (mut a, b) = pair(&cluster, kube_daemon_with(&cluster, bmc));
     let docs = format!(
-        r#"{node}---
-apiVersion: tinkerbell.org/v1alpha1
-kind: Template
-metadata: {{name: t5, namespace: default}}
-spec:
-  data: |
-    name: t5
-    tasks:
-    - {{name: a, worker: "{{{{.device_1}}}}", actions: [{{name: x, image: bash}}]}}
----
-apiVersion: tinkerbell.org/v1alpha1
-kind: Workflow
-metadata: {{name: wf5, namespace: default}}
-spec:
-  templateRef: t5
-  hardwareRef: node-5
-  hardwareMap: {{device_1: "52:54:00:6b:00:55"}}
-  bootOptions: {{bootMode: netboot}}
-"#,
+        "{node}---\n{}",
+        workflow_docs(
+            "t5",
+            &["x"],
+            "wf5",
+            "node-5",
+            "52:54:00:6b:00:55",
+            "  bootOptions: {bootMode: netboot}\n"
+        ),
         node = bmc_node_docs(
             "bmc-5",
             "node-5",
