@@ -429,17 +429,13 @@ impl BmcService {
         if self.store.bmc_machine(machine).await?.is_none() {
             return Err(Error::NotFound(format!("BMC Machine {machine}")));
         }
-        let doc = json!({
+        let mut doc = json!({
             "apiVersion": crate::bmc::model::API_VERSION, "kind": "Job",
-            "metadata": {"name": key.name, "namespace": key.namespace,
-                "annotations": run.map(|r| json!({crate::store::bmc::RUN_ANNOTATION: r}))},
+            "metadata": {"name": key.name, "namespace": key.namespace},
             "spec": {"machineRef": {"name": machine.name, "namespace": machine.namespace}, "tasks": tasks},
         });
-        let mut doc = doc;
-        if run.is_none()
-            && let Some(m) = doc.get_mut("metadata").and_then(Value::as_object_mut)
-        {
-            m.remove("annotations");
+        if let Some(run) = run {
+            doc["metadata"]["annotations"] = json!({crate::store::bmc::RUN_ANNOTATION: run});
         }
         if let Some(cluster) = self.link.cluster() {
             // The Job is made where Rufio's callers make it, and stored at

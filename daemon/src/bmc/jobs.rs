@@ -17,7 +17,6 @@ use serde_json::json;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Notify;
 
 /// How often the power state is read again until it shows a power action.
 const SETTLE_EVERY: Duration = Duration::from_secs(1);
@@ -170,7 +169,6 @@ pub struct Runner {
     pub store: Store,
     pub inventory: Arc<Inventory>,
     pub events: EventSink,
-    pub wake: Arc<Notify>,
     /// Per attempt of a task.
     pub task_timeout: Duration,
     /// Attempts per task (backoff 1 s, 2 s, 4 s, ... between them).
@@ -191,7 +189,6 @@ impl Runner {
         attempts: u32,
     ) -> Self {
         Runner {
-            wake: services.bmc.wake.clone(),
             store,
             inventory,
             events,
@@ -236,7 +233,7 @@ impl Runner {
                 Err(e) => tracing::error!(error = %e, "bmc: reading pending jobs failed"),
             }
             tokio::select! {
-                _ = self.wake.notified() => {}
+                _ = self.services.bmc.wake.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}
             }
         }

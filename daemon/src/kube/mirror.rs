@@ -37,6 +37,15 @@ pub fn kinds(cfg: &KubeConfig) -> Vec<Kind> {
     k
 }
 
+/// A kind's objects in `namespace`, or in every namespace when it is empty.
+fn watched(client: &kube::Client, namespace: &str, ar: &ApiResource) -> Api<DynamicObject> {
+    if namespace.is_empty() {
+        Api::all_with(client.clone(), ar)
+    } else {
+        Api::namespaced_with(client.clone(), namespace, ar)
+    }
+}
+
 /// The API resource of a mirrored kind.
 pub fn resource(kind: Kind) -> ApiResource {
     let (group, version, plural) = match kind {
@@ -121,11 +130,7 @@ impl Mirror {
         let mut tasks = vec![];
         for &kind in kinds {
             let ar = resource(kind);
-            let api: Api<DynamicObject> = if namespace.is_empty() {
-                Api::all_with(client.clone(), &ar)
-            } else {
-                Api::namespaced_with(client.clone(), namespace, &ar)
-            };
+            let api = watched(&client, namespace, &ar);
             let this = self.clone();
             tasks.push(tokio::spawn(async move { this.watch(kind, api).await }));
         }
@@ -241,11 +246,7 @@ impl Mirror {
                 continue;
             }
             let ar = resource(kind);
-            let api: Api<DynamicObject> = if namespace.is_empty() {
-                Api::all_with(client.clone(), &ar)
-            } else {
-                Api::namespaced_with(client.clone(), namespace, &ar)
-            };
+            let api = watched(&client, namespace, &ar);
             let list = tokio::time::timeout(
                 super::client::REQUEST_TIMEOUT,
                 api.list(&Default::default()),

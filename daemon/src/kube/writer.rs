@@ -636,8 +636,6 @@ impl Outbox {
 
 /// Copies status from the store to the cluster.
 pub struct Pusher {
-    store: Store,
-    cluster: Arc<Cluster>,
     port: Arc<Port>,
     /// Workflow status is tinkerbox's to write (tink native).
     workflows: bool,
@@ -651,8 +649,6 @@ pub struct Pusher {
 impl Pusher {
     pub fn new(port: Arc<Port>, workflows: bool, bmc: bool) -> Pusher {
         Pusher {
-            store: port.store.clone(),
-            cluster: port.cluster.clone(),
             port,
             workflows,
             bmc,
@@ -676,7 +672,7 @@ impl Pusher {
         if self.bmc {
             // A Job the cluster had Running under the previous leader is
             // stored Failed (never sent again): the cluster is told why.
-            match self.store.jobs(Some(JobState::Failed)).await {
+            match self.port.store.jobs(Some(JobState::Failed)).await {
                 Ok(failed) => failed
                     .into_iter()
                     .for_each(|j| outbox.mark(Owed::Job(j.key()))),
@@ -743,7 +739,7 @@ impl Pusher {
                 // over a newer one.
                 let port = self.port.clone();
                 let _one = port.jobs.lock().await;
-                let Some(row) = self.store.job(key).await? else {
+                let Some(row) = self.port.store.job(key).await? else {
                     self.last.remove(d);
                     return Ok(Push::Done);
                 };
@@ -753,7 +749,7 @@ impl Pusher {
                 };
                 let status = convert::job_status(&row);
                 if self.last.get(d) != Some(&status) {
-                    self.cluster.apply_status(kind, key, &status).await?;
+                    self.port.cluster.apply_status(kind, key, &status).await?;
                     self.last.insert(d.clone(), status);
                 }
                 if row.kind == JobKind::Job {
@@ -761,12 +757,13 @@ impl Pusher {
                 }
             }
             Owed::Machine(key) => {
-                let Some(row) = self.store.bmc_machine(key).await? else {
+                let Some(row) = self.port.store.bmc_machine(key).await? else {
                     return Ok(Push::Done);
                 };
                 let status = convert::machine_status(&row);
                 if !self.last.get(d).is_some_and(|l| same_but_time(l, &status)) {
-                    self.cluster
+                    self.port
+                        .cluster
                         .apply_status(Kind::Machine, key, &status)
                         .await?;
                     self.last.insert(d.clone(), status);
@@ -794,6 +791,7 @@ impl Pusher {
                 continue;
             }
             if self
+                .port
                 .cluster
                 .apply_status(Kind::Task, &tkey, &status)
                 .await?
@@ -802,13 +800,14 @@ impl Pusher {
                 continue;
             }
             if job.is_none() {
-                job = self.cluster.get(Kind::Job, key).await?;
+                job = self.port.cluster.get(Kind::Job, key).await?;
             }
             let Some(job) = &job else {
                 return Ok(()); // the Job is gone, and its Tasks with it
             };
             let connection = match &row.machine {
                 Some(m) => self
+                    .port
                     .store
                     .bmc_machine(m)
                     .await?
@@ -820,8 +819,9 @@ impl Pusher {
             let Some(task) = convert::task_object(job, n, &action, &connection) else {
                 return Ok(());
             };
-            self.cluster.create(Kind::Task, &tkey, &task).await?;
+            self.port.cluster.create(Kind::Task, &tkey, &task).await?;
             if self
+                .port
                 .cluster
                 .apply_status(Kind::Task, &tkey, &status)
                 .await?
