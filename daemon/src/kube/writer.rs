@@ -790,44 +790,35 @@ impl Pusher {
             if self.last.get(&mine) == Some(&status) {
                 continue;
             }
-            if self
-                .port
-                .cluster
-                .apply_status(Kind::Task, &tkey, &status)
-                .await?
-            {
-                self.last.insert(mine, status);
-                continue;
+            let cluster = self.port.cluster.clone();
+            // A Task not made yet (404) is made, then written once more.
+            if !cluster.apply_status(Kind::Task, &tkey, &status).await? {
+                if job.is_none() {
+                    job = cluster.get(Kind::Job, key).await?;
+                }
+                let Some(job) = &job else {
+                    return Ok(()); // the Job is gone, and its Tasks with it
+                };
+                let connection = match &row.machine {
+                    Some(m) => self
+                        .port
+                        .store
+                        .bmc_machine(m)
+                        .await?
+                        .and_then(|m| m.doc.pointer("/spec/connection").cloned())
+                        .unwrap_or(Value::Null),
+                    None => Value::Null,
+                };
+                let action = serde_json::to_value(row.tasks.get(n)).unwrap_or(Value::Null);
+                let Some(task) = convert::task_object(job, n, &action, &connection) else {
+                    return Ok(());
+                };
+                cluster.create(Kind::Task, &tkey, &task).await?;
+                if !cluster.apply_status(Kind::Task, &tkey, &status).await? {
+                    continue;
+                }
             }
-            if job.is_none() {
-                job = self.port.cluster.get(Kind::Job, key).await?;
-            }
-            let Some(job) = &job else {
-                return Ok(()); // the Job is gone, and its Tasks with it
-            };
-            let connection = match &row.machine {
-                Some(m) => self
-                    .port
-                    .store
-                    .bmc_machine(m)
-                    .await?
-                    .and_then(|m| m.doc.pointer("/spec/connection").cloned())
-                    .unwrap_or(Value::Null),
-                None => Value::Null,
-            };
-            let action = serde_json::to_value(row.tasks.get(n)).unwrap_or(Value::Null);
-            let Some(task) = convert::task_object(job, n, &action, &connection) else {
-                return Ok(());
-            };
-            self.port.cluster.create(Kind::Task, &tkey, &task).await?;
-            if self
-                .port
-                .cluster
-                .apply_status(Kind::Task, &tkey, &status)
-                .await?
-            {
-                self.last.insert(mine, status);
-            }
+            self.last.insert(mine, status);
         }
         Ok(())
     }
