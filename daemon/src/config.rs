@@ -34,6 +34,158 @@ pub struct Config {
     pub events: EventsConfig,
     pub log: LogConfig,
     pub kube: KubeConfig,
+    pub discovery: DiscoveryConfig,
+}
+
+/// Zero-touch: machines nobody entered are leased an address from a pool
+/// (reservation mode), boot the OSIE, and become Hardware when their agent
+/// first asks for work; WorkflowRuleSets enroll them (`discovery/`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryConfig {
+    pub enabled: bool,
+    /// The pool's first and last address, "10.0.0.100-10.0.0.199"
+    /// (reservation mode). Unset: no pool, for networks where another DHCP
+    /// server gives the addresses (`dhcp.mode = "auto-proxy"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolRange>,
+    /// The pool's netmask; unset: the narrowest one holding the pool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub netmask: Option<Ipv4Addr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<Ipv4Addr>,
+    pub dns: Vec<Ipv4Addr>,
+    /// A pool lease, e.g. "1h". A discovered Hardware reserves its address
+    /// for good.
+    #[serde(with = "human_duration")]
+    pub lease_time: Duration,
+    /// Who may take a pool address: empty, every netboot client; else only
+    /// netboot clients whose MAC matches one of these (`52:54:00:*`).
+    pub mac_patterns: Vec<String>,
+    /// How long an address a client DECLINEd (in use on the wire) is kept
+    /// out of the pool.
+    #[serde(with = "human_duration")]
+    pub decline_hold: Duration,
+    /// Where discovered Hardware is created (kube mode: in the cluster).
+    pub namespace: String,
+    /// WorkflowRuleSets enroll agents that have no Workflow (upstream's
+    /// auto enrollment); a discovered Hardware gets
+    /// `spec.auto.enrollmentEnabled` from it.
+    pub enroll: bool,
+    /// The most discovered Hardware kept: past it nothing more is created.
+    pub max_hardware: usize,
+    /// The most Hardware discovery creates per minute.
+    pub max_per_minute: u32,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        DiscoveryConfig {
+            enabled: false,
+            pool: None,
+            netmask: None,
+            gateway: None,
+            dns: vec![],
+            lease_time: Duration::from_secs(3600),
+            mac_patterns: vec![],
+            decline_hold: Duration::from_secs(600),
+            namespace: "default".into(),
+            enroll: false,
+            max_hardware: 1000,
+            max_per_minute: 60,
+        }
+    }
+}
+
+/// `first-last`, both included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct PoolRange {
+    pub first: Ipv4Addr,
+    pub last: Ipv4Addr,
+}
+
+impl TryFrom<String> for PoolRange {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        let err = || format!("{s:?}: want FIRST-LAST, e.g. \"10.0.0.100-10.0.0.199\"");
+        let (a, b) = s.split_once('-').ok_or_else(err)?;
+        let first: Ipv4Addr = a.trim().parse().map_err(|_| err())?;
+        let last: Ipv4Addr = b.trim().parse().map_err(|_| err())?;
+        if u32::from(first) > u32::from(last) {
+            return Err(format!("{s:?}: {last} comes before {first}"));
+        }
+        let size = u64::from(u32::from(last) - u32::from(first)) + 1;
+        if size > crate::discovery::POOL_MAX as u64 {
+            return Err(format!(
+                "{s:?} holds {size} addresses; a pool serves at most {}",
+                crate::discovery::POOL_MAX
+            ));
+        }
+        Ok(PoolRange { first, last })
+    }
+}
+
+impl From<PoolRange> for String {
+    fn from(r: PoolRange) -> String {
+        format!("{}-{}", r.first, r.last)
+    }
+}
+
+impl PoolRange {
+    pub fn len(&self) -> usize {
+        (u32::from(self.last) - u32::from(self.first)) as usize + 1
+    }
+
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        (u32::from(self.first)..=u32::from(self.last)).contains(&u32::from(ip))
+    }
+}
+
+impl DiscoveryConfig {
+    /// The pool's netmask: as set, else the narrowest holding the pool.
+    pub fn pool_netmask(&self) -> Option<Ipv4Addr> {
+        let r = self.pool?;
+        Some(self.netmask.unwrap_or_else(|| {
+            let differ = u32::from(r.first) ^ u32::from(r.last);
+            Ipv4Addr::from(!(u32::MAX.checked_shr(differ.leading_zeros()).unwrap_or(0)))
+        }))
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let bad = |k: &str, m: String| Err(format!("config key discovery.{k}: {m}"));
+        if let (Some(r), Some(m)) = (self.pool, self.netmask) {
+            let m = u32::from(m);
+            if m.leading_ones() + m.trailing_zeros() != 32 {
+                return bad("netmask", format!("{} is not a netmask", Ipv4Addr::from(m)));
+            }
+            if u32::from(r.first) & m != u32::from(r.last) & m {
+                return bad(
+                    "netmask",
+                    format!("{} and {} are not in one subnet of it", r.first, r.last),
+                );
+            }
+        }
+        for p in &self.mac_patterns {
+            if let Err(e) = p.parse::<crate::discovery::MacPattern>() {
+                return bad("mac_patterns", e);
+            }
+        }
+        if crate::hardware::check_dns_label(&self.namespace).is_err() {
+            return bad(
+                "namespace",
+                format!("{:?} is not a namespace name (a DNS label)", self.namespace),
+            );
+        }
+        if self.max_per_minute == 0 {
+            return bad("max_per_minute", "must be at least 1".into());
+        }
+        if self.lease_time < Duration::from_secs(60) {
+            return bad("lease_time", "must be at least 1m".into());
+        }
+        Ok(())
+    }
 }
 
 /// Kubernetes mode: the cluster's Tinkerbell objects are mirrored into the
@@ -308,6 +460,7 @@ impl Default for Config {
             events: EventsConfig::default(),
             log: LogConfig::default(),
             kube: KubeConfig::default(),
+            discovery: DiscoveryConfig::default(),
         }
     }
 }
@@ -518,7 +671,7 @@ impl Config {
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return bad("log.level", &e.to_string());
         }
-        Ok(())
+        self.discovery.check().map_err(ConfigError::Invalid)
     }
 
     /// TOML of the effective configuration (`tinkerbox config show`).
@@ -929,6 +1082,23 @@ mod tests {
                 lease_namespace: "tb-system".into(),
                 qps: 50.0,
                 burst: 80,
+            },
+            discovery: DiscoveryConfig {
+                enabled: true,
+                pool: Some(PoolRange {
+                    first: Ipv4Addr::new(10, 9, 8, 100),
+                    last: Ipv4Addr::new(10, 9, 8, 199),
+                }),
+                netmask: Some(Ipv4Addr::new(255, 255, 255, 0)),
+                gateway: Some(Ipv4Addr::new(10, 9, 8, 1)),
+                dns: vec![Ipv4Addr::new(10, 9, 8, 2)],
+                lease_time: Duration::from_secs(1800),
+                mac_patterns: vec!["52:54:00:*".into()],
+                decline_hold: Duration::from_secs(120),
+                namespace: "discovered".into(),
+                enroll: true,
+                max_hardware: 50,
+                max_per_minute: 10,
             },
         }
     }

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod dhcp;
+pub mod discovery;
 pub mod events;
 pub mod grpc;
 pub mod hardware;

@@ -207,7 +207,7 @@ fn check_dns_subdomain(s: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_dns_label(s: &str) -> Result<(), String> {
+pub fn check_dns_label(s: &str) -> Result<(), String> {
     if s.len() > 63 {
         return Err(format!("must be at most 63 characters, got {}", s.len()));
     }
