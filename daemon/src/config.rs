@@ -134,7 +134,7 @@ impl From<PoolRange> for String {
 }
 
 impl PoolRange {
-    pub fn len(&self) -> usize {
+    pub fn size(&self) -> usize {
         (u32::from(self.last) - u32::from(self.first)) as usize + 1
     }
 
