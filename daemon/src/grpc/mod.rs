@@ -92,10 +92,7 @@ fn to_worker_state(s: State) -> pb::State {
     }
 }
 
-/// The Hardware annotation upstream keeps the agent's attributes in.
-pub const ATTRIBUTES_ANNOTATION: &str = "tinkerbell.org/agent-attributes";
-/// Its size limit, as upstream's.
-const ATTRIBUTES_MAX: usize = 64 * 1024;
+pub use crate::discovery::hardware::{ATTRIBUTES_ANNOTATION, ATTRIBUTES_MAX};
 
 impl Server {
     /// The attributes the agent sent with its first GetAction of a
