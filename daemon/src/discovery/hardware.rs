@@ -195,7 +195,11 @@ pub fn document(f: &Found) -> Result<Hardware, hardware::FieldError> {
     if let Ok(m) = f.agent_id.parse::<Mac>() {
         macs.push(m);
     }
-    if let Some(nics) = f.attributes.get("networkInterfaces").and_then(Value::as_array) {
+    if let Some(nics) = f
+        .attributes
+        .get("networkInterfaces")
+        .and_then(Value::as_array)
+    {
         macs.extend(nics.iter().filter_map(nic_mac));
     }
     let mut seen = std::collections::HashSet::new();
@@ -287,7 +291,10 @@ mod tests {
             valid_name("de:ad:be:ef:00:00", "discovery-"),
             "discovery-de-ad-be-ef-00-00"
         );
-        assert_eq!(valid_name(" Node_7.rack ", "enrollment-"), "enrollment-node-7-rack");
+        assert_eq!(
+            valid_name(" Node_7.rack ", "enrollment-"),
+            "enrollment-node-7-rack"
+        );
         assert_eq!(valid_name(&"x".repeat(100), "discovery-").len(), 63);
         assert_eq!(valid_name("--", "-"), "e");
         hardware::check_dns_label(&valid_name("a:-:b--", "discovery-")).unwrap();
@@ -364,7 +371,10 @@ mod tests {
         assert_eq!(i0["dhcp"]["ip"]["gateway"], "10.0.0.1");
         assert_eq!(i0["dhcp"]["name_servers"], json!(["10.0.0.1"]));
         assert_eq!(i0["netboot"]["allowPXE"], true);
-        assert_eq!(d["spec"]["interfaces"][1]["dhcp"]["mac"], "52:54:00:aa:bb:02");
+        assert_eq!(
+            d["spec"]["interfaces"][1]["dhcp"]["mac"],
+            "52:54:00:aa:bb:02"
+        );
         assert!(d["spec"]["interfaces"][1]["dhcp"].get("ip").is_none());
         assert_eq!(
             d["spec"]["metadata"]["instance"]["hostname"],
@@ -401,13 +411,19 @@ mod tests {
         assert_eq!(d["metadata"]["name"], "discovery-not-a-mac");
         let ifaces = d["spec"]["interfaces"].as_array().unwrap();
         assert_eq!(ifaces.len(), MAX_INTERFACES);
-        assert_ne!(ifaces[0]["dhcp"]["mac"], "02:00:00:00:00:00", "taken MAC left out");
+        assert_ne!(
+            ifaces[0]["dhcp"]["mac"], "02:00:00:00:00:00",
+            "taken MAC left out"
+        );
         assert_eq!(d["spec"]["disks"], json!([{"device": "/dev/sda"}]));
         assert!(
             d["metadata"].get("annotations").is_none(),
             "attributes over 64 KiB are not kept"
         );
-        assert_eq!(d["metadata"]["labels"]["tinkerbox.io/vendor"], "evil-vendor");
+        assert_eq!(
+            d["metadata"]["labels"]["tinkerbox.io/vendor"],
+            "evil-vendor"
+        );
         assert_eq!(
             d["metadata"]["labels"]["tinkerbox.io/product"]
                 .as_str()

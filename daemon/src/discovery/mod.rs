@@ -6,6 +6,7 @@
 //! us keep here is bounded.
 
 pub mod hardware;
+pub mod rules;
 
 use crate::hardware::Mac;
 use std::str::FromStr;
