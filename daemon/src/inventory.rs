@@ -67,6 +67,9 @@ pub struct Snapshot {
     /// padding next to a pointer), an `Ipv4Addr` 4.
     by_v4: HashMap<Ipv4Addr, Slot>,
     by_v6: HashMap<Ipv6Addr, Slot>,
+    /// `spec.agentID`s, each with the machines that name it (discovery
+    /// asks whether an agent has Hardware on each of its polls).
+    by_agent: HashMap<Box<str>, Vec<Key>>,
     /// The other machines claiming a key the index above has: such a key
     /// answers nothing. Empty unless the cluster has conflicting Hardware.
     dups: Dups,
@@ -157,6 +160,7 @@ impl Snapshot {
             by_mac: HashMap::with_capacity(n),
             by_v4: HashMap::with_capacity(n),
             by_v6: HashMap::default(),
+            by_agent: HashMap::default(),
             dups: Dups::default(),
         };
         for m in machines {
@@ -194,6 +198,15 @@ impl Snapshot {
         out
     }
 
+    /// The machine whose `spec.agentID` is `agent` (the first by name
+    /// when several are).
+    pub fn by_agent(&self, agent: &str) -> Option<&Arc<Machine>> {
+        self.by_agent
+            .get(agent)?
+            .first()
+            .and_then(|k| self.by_key(k))
+    }
+
     pub fn by_key(&self, key: &Key) -> Option<&Arc<Machine>> {
         self.by_key.get(key).map(|b| &b.0)
     }
@@ -215,6 +228,11 @@ impl Snapshot {
         // start-up this runs 100,000 times.
         if let Some(ByKey(old)) = self.by_key.replace(ByKey(m.clone())) {
             self.unindex(&old);
+        }
+        if let Some(a) = &m.agent_id {
+            let keys = self.by_agent.entry(a.clone()).or_default();
+            keys.push(m.key.clone());
+            keys.sort();
         }
         for (n, i) in m.interfaces.iter().enumerate() {
             let Ok(iface) = u16::try_from(n) else { break };
@@ -251,6 +269,14 @@ impl Snapshot {
     /// may already have taken the MAC or IP.
     fn unindex(&mut self, old: &Machine) {
         let key = &old.key;
+        if let Some(a) = &old.agent_id
+            && let Some(keys) = self.by_agent.get_mut(a)
+        {
+            keys.retain(|k| k != key);
+            if keys.is_empty() {
+                self.by_agent.remove(a);
+            }
+        }
         let d = &mut self.dups;
         for mac in old.macs() {
             release(&mut self.by_mac, &mut d.mac, mac, key);
@@ -321,6 +347,31 @@ mod tests {
             "spec": {"interfaces": interfaces, "userData": "#cloud-config\n"}}))
         .unwrap()
         .machine
+    }
+
+    #[test]
+    fn machines_are_found_by_agent_id_until_it_changes() {
+        let with_agent = |name: &str, agent: &str| {
+            hardware::validate(serde_json::json!({
+                "apiVersion": hardware::API_VERSION, "kind": "Hardware",
+                "metadata": {"name": name}, "spec": {"agentID": agent}}))
+            .unwrap()
+            .machine
+        };
+        let inv = Inventory::new(Snapshot::build([
+            with_agent("b", "a1"),
+            with_agent("a", "a1"),
+        ]));
+        let s = inv.snapshot();
+        assert_eq!(s.by_agent("a1").unwrap().key.name, "a", "the first by name");
+        assert!(s.by_agent("a2").is_none());
+        inv.apply(Patch {
+            upsert: vec![with_agent("a", "a2")],
+            delete: vec![Key::new("default", "b")],
+        });
+        let s = inv.snapshot();
+        assert!(s.by_agent("a1").is_none(), "moved and deleted");
+        assert_eq!(s.by_agent("a2").unwrap().key.name, "a");
     }
 
     #[test]

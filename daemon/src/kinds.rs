@@ -4,6 +4,7 @@
 //! sends) and the daemon agree.
 
 use crate::bmc::model as bmc;
+use crate::discovery::rules::{self, RuleSet};
 use crate::hardware::{self, FieldError};
 use crate::workflow::model::{self, Template, Workflow};
 use serde_json::Value;
@@ -26,6 +27,9 @@ pub enum Kind {
     Task,
     #[value(alias = "secrets")]
     Secret,
+    /// Tinkerbell's enrollment rules.
+    #[value(name = "workflowruleset", alias = "wrs", alias = "workflowrulesets")]
+    WorkflowRuleSet,
 }
 
 impl Kind {
@@ -39,6 +43,7 @@ impl Kind {
             Kind::Job => "job.bmc.tinkerbell.org",
             Kind::Task => "task.bmc.tinkerbell.org",
             Kind::Secret => "secret",
+            Kind::WorkflowRuleSet => "workflowruleset.tinkerbell.org",
         }
     }
 
@@ -52,6 +57,7 @@ impl Kind {
             "Job" => Kind::Job,
             "Task" => Kind::Task,
             "Secret" => Kind::Secret,
+            "WorkflowRuleSet" => Kind::WorkflowRuleSet,
             _ => return None,
         })
     }
@@ -75,6 +81,7 @@ pub enum Checked {
     Bmc(bmc::Doc),
     Template(Template),
     Workflow(Workflow),
+    RuleSet(RuleSet),
 }
 
 impl Checked {
@@ -83,6 +90,7 @@ impl Checked {
             Checked::Hardware(_) => Kind::Hardware,
             Checked::Template(_) => Kind::Template,
             Checked::Workflow(_) => Kind::Workflow,
+            Checked::RuleSet(_) => Kind::WorkflowRuleSet,
             Checked::Bmc(bmc::Doc::Machine { .. }) => Kind::Machine,
             Checked::Bmc(bmc::Doc::Job { .. }) => Kind::Job,
             Checked::Bmc(bmc::Doc::Task { .. }) => Kind::Task,
@@ -99,12 +107,13 @@ pub fn check(doc: Value) -> Result<Checked, FieldError> {
         (hardware::API_VERSION, "Hardware") => hardware::validate(doc).map(Checked::Hardware),
         (model::API_VERSION, "Template") => model::template(doc).map(Checked::Template),
         (model::API_VERSION, "Workflow") => model::workflow(doc).map(Checked::Workflow),
+        (rules::API_VERSION, rules::KIND) => rules::ruleset(doc).map(Checked::RuleSet),
         (bmc::API_VERSION, _) | ("v1", "Secret") => bmc::parse(doc).map(Checked::Bmc),
         _ => Err(FieldError::new(
             "kind",
             format!(
                 "{api}/{kind} is not a kind tinkerbox stores (tinkerbell.org/v1alpha1 Hardware, Template, \
-                 Workflow; bmc.tinkerbell.org/v1alpha1 Machine, Job, Task; v1 Secret)"
+                 Workflow, WorkflowRuleSet; bmc.tinkerbell.org/v1alpha1 Machine, Job, Task; v1 Secret)"
             ),
         )),
     }

@@ -19,6 +19,7 @@ pub mod inventory;
 pub mod ipxe;
 pub mod kinds;
 pub mod kube;
+pub mod labels;
 pub mod metadata;
 pub mod metrics;
 pub mod priority;

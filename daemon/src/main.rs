@@ -73,7 +73,7 @@ enum Command {
     },
     /// List objects of a kind, or show one
     Get {
-        /// hardware, template, workflow, machine, job, task
+        /// hardware, template, workflow, workflowruleset (wrs), machine, job, task
         #[arg(value_enum)]
         kind: Kind,
         #[command(flatten)]
@@ -283,6 +283,9 @@ struct ListArgs {
     /// Every namespace
     #[arg(short = 'A', long, conflicts_with = "namespace")]
     all_namespaces: bool,
+    /// Label selector for lists, as kubectl's: k=v, k!=v, k, !k, k in (a,b)
+    #[arg(short = 'l', long, conflicts_with = "name")]
+    selector: Option<String>,
     #[arg(short, long, value_enum, default_value_t = Output::Table)]
     output: Output,
 }
@@ -387,6 +390,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 name: list.name.as_deref(),
                 namespace: list.namespace.as_deref(),
                 all_namespaces: list.all_namespaces,
+                selector: list.selector.as_deref(),
                 output: list.output,
             };
             cli::objects::get(&target(vec![]), a).await
@@ -411,6 +415,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     list.name.as_deref(),
                     list.namespace.as_deref(),
                     list.all_namespaces,
+                    list.selector.as_deref(),
                     list.output,
                 )
                 .await
@@ -427,7 +432,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     name,
                     namespace,
                     output,
-                } => cli::bmc::get(&t, name.as_deref(), namespace.as_deref(), *output).await,
+                } => cli::bmc::get(&t, name.as_deref(), namespace.as_deref(), None, *output).await,
                 BmcCommand::Power {
                     name,
                     action,

@@ -58,6 +58,10 @@ pub struct Metrics {
     pub metadata_requests: Family<CodeLabels, Counter>,
     /// Actions that ended, by result: success, failed, timeout.
     pub workflow_actions: Family<ResultLabels, Counter>,
+    /// Discovery's outcomes for agents with no Hardware.
+    pub discovered: Family<ResultLabels, Counter>,
+    /// Enrollment's outcomes for agents with no Workflow.
+    pub enrollments: Family<ResultLabels, Counter>,
     /// Workflows that reached a state, by state.
     pub workflow_states: Family<StateLabels, Counter>,
     /// Kubernetes mode: 1 while every watch is current.
@@ -148,6 +152,8 @@ impl Metrics {
             syslog_lines: Family::default(),
             metadata_requests: Family::default(),
             workflow_actions: Family::default(),
+            discovered: Family::default(),
+            enrollments: Family::default(),
             workflow_states: Family::default(),
             kube_connected: Gauge::default(),
             kube_sync_age_seconds: Gauge::default(),
@@ -277,6 +283,16 @@ impl Metrics {
             "workflow_actions",
             "Workflow actions that ended, by result: success, failed, timeout",
             m.workflow_actions.clone(),
+        );
+        registry.register(
+            "discovery_hardware",
+            "Agents with no Hardware, by what discovery did: created, rate_limited, at_cap, failed",
+            m.discovered.clone(),
+        );
+        registry.register(
+            "enrollments",
+            "Agents with no Workflow, by what enrollment did: created, no_match, disabled, refused, failed",
+            m.enrollments.clone(),
         );
         registry.register(
             "workflow_states",

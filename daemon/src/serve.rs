@@ -266,6 +266,7 @@ async fn open(
             Arc::new(tokio::sync::Notify::new()),
         )
         .with_link(link.clone()),
+        discovery: crate::services::Discovery::new(config.discovery.clone()),
         link,
     });
     let bmc = Arc::new(bmc::jobs::Runner::new(

@@ -25,7 +25,9 @@ use std::sync::Arc;
 use tokio::sync::{Mutex, Notify};
 
 pub mod cluster;
+pub mod discovery;
 pub use cluster::{Copy, Link, Owed};
+pub use discovery::Discovery;
 
 /// Why a use case refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -734,6 +736,14 @@ impl WorkflowService {
         Ok(out)
     }
 
+    /// Apply checked WorkflowRuleSets in one transaction.
+    pub async fn apply_rulesets(
+        &self,
+        sets: &[crate::discovery::rules::RuleSet],
+    ) -> Result<Vec<Outcome>, StoreError> {
+        self.store.apply_rulesets(sets).await
+    }
+
     /// GetAction for `agent`: the action to run, with `currentState`
     /// written first (retried when another writer came between).
     pub async fn get_action(&self, agent: &str) -> Result<Served, WorkerError> {
@@ -858,6 +868,9 @@ pub struct Services {
     pub hardware: HardwareService,
     pub bmc: BmcService,
     pub workflow: WorkflowService,
+    /// Zero touch: agents with no Hardware or no Workflow
+    /// (`services/discovery.rs`).
+    pub discovery: Discovery,
     /// Kube mode: the cluster they write to, and the status owed to it.
     pub link: Arc<Link>,
 }

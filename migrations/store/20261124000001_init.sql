@@ -95,6 +95,17 @@ CREATE TABLE templates (
     UNIQUE (namespace, name)
 );
 
+-- Tinkerbell's WorkflowRuleSets (enrollment rules), stored whole as applied.
+CREATE TABLE workflow_rulesets (
+    id          INTEGER PRIMARY KEY,
+    namespace   TEXT    NOT NULL,
+    name        TEXT    NOT NULL,
+    doc         TEXT    NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    updated_ms  INTEGER NOT NULL,
+    UNIQUE (namespace, name)
+);
+
 CREATE TABLE workflows (
     id          INTEGER PRIMARY KEY,
     namespace   TEXT    NOT NULL,

@@ -9,6 +9,7 @@ mod boot;
 mod common;
 mod daemon;
 mod dhcp;
+mod discovery;
 mod hardware;
 mod kube;
 mod kube_cli;

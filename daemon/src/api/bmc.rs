@@ -90,6 +90,7 @@ async fn machines(
         .into_iter()
         .map(with_status)
         .collect();
+    let items = q.selected(items)?;
     Ok(Json(
         json!({"apiVersion": model::API_VERSION, "kind": "MachineList", "items": items}),
     ))

@@ -173,6 +173,28 @@ async fn auth(State(token): State<Arc<str>>, req: Request, next: Next) -> Respon
 #[serde(deny_unknown_fields)]
 pub(crate) struct NsQuery {
     pub(crate) namespace: Option<String>,
+    /// kubectl's `-l`: lists keep only the objects whose labels it selects.
+    #[serde(rename = "labelSelector")]
+    pub(crate) label_selector: Option<String>,
+}
+
+impl NsQuery {
+    /// `items` the label selector keeps (all, without one); 400 for a
+    /// selector that does not parse.
+    pub(crate) fn selected(&self, items: Vec<Value>) -> Result<Vec<Value>, ApiError> {
+        let Some(s) = self
+            .label_selector
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+        else {
+            return Ok(items);
+        };
+        let sel = crate::labels::parse(s).map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, m))?;
+        Ok(items
+            .into_iter()
+            .filter(|d| crate::labels::selects(&sel, d))
+            .collect())
+    }
 }
 
 async fn list_hardware(
@@ -180,7 +202,7 @@ async fn list_hardware(
     q: Result<Query<NsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let q = query(q)?;
-    let items = app.store.list(q.namespace.as_deref()).await?;
+    let items = q.selected(app.store.list(q.namespace.as_deref()).await?)?;
     Ok(Json(json!({
         "apiVersion": hardware::API_VERSION,
         "kind": "HardwareList",

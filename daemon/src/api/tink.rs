@@ -8,10 +8,14 @@
 //! GET    /api/v1/workflows[?namespace=NS]           WorkflowList, each with its status
 //! GET    /api/v1/workflows/{name}[?namespace=NS]    with status, in the CRD's field names
 //! DELETE /api/v1/workflows/{name}[?namespace=NS]
+//! GET    /api/v1/workflowrulesets[?namespace=NS]    WorkflowRuleSetList
+//! GET    /api/v1/workflowrulesets/{name}[?namespace=NS]
+//! DELETE /api/v1/workflowrulesets/{name}[?namespace=NS]
 //! ```
 
 use super::{ApiError, NsQuery, deleted, documents, found, key, locate, query};
 use crate::app::App;
+use crate::discovery::rules;
 use crate::hardware::{FieldError, Key};
 use crate::kinds::{Checked, check};
 use crate::store::Outcome;
@@ -34,6 +38,11 @@ pub fn routes() -> Router<Arc<App>> {
         .route(
             "/api/v1/templates/{name}",
             get(template).delete(delete_template),
+        )
+        .route("/api/v1/workflowrulesets", get(rulesets))
+        .route(
+            "/api/v1/workflowrulesets/{name}",
+            get(ruleset).delete(delete_ruleset),
         )
         .route("/api/v1/workflows", get(workflows))
         .route(
@@ -68,7 +77,7 @@ async fn apply(
     for c in &checked {
         super::not_mirrored(&app, c.kind())?;
     }
-    let (mut hw, mut bmcs, mut tpls, mut wfs) = (vec![], vec![], vec![], vec![]);
+    let (mut hw, mut bmcs, mut tpls, mut wfs, mut sets) = (vec![], vec![], vec![], vec![], vec![]);
     let mut order = Vec::with_capacity(checked.len());
     for c in checked {
         order.push(match c {
@@ -76,6 +85,7 @@ async fn apply(
             Checked::Bmc(b) => (1, push(&mut bmcs, b)),
             Checked::Template(t) => (2, push(&mut tpls, t)),
             Checked::Workflow(w) => (3, push(&mut wfs, w)),
+            Checked::RuleSet(r) => (4, push(&mut sets, r)),
         });
     }
     let bmc_out = if bmcs.is_empty() {
@@ -114,7 +124,17 @@ async fn apply(
         .zip(w_out)
         .map(|(w, o)| item("Workflow", &w.key, o))
         .collect();
-    let groups = [hw_items, bmc_items, t_items, w_items];
+    let s_out = if sets.is_empty() {
+        vec![]
+    } else {
+        app.services.workflow.apply_rulesets(&sets).await?
+    };
+    let s_items: Vec<_> = sets
+        .iter()
+        .zip(s_out)
+        .map(|(s, o)| item(rules::KIND, &s.key, o))
+        .collect();
+    let groups = [hw_items, bmc_items, t_items, w_items, s_items];
     let items: Vec<&Value> = order.iter().map(|&(g, i)| &groups[g][i]).collect();
     let created = items.iter().any(|i| i["result"] == "created");
     let status = if created {
@@ -139,7 +159,7 @@ async fn templates(
     q: Result<Query<NsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let q = query(q)?;
-    let items = app.store.templates(q.namespace.as_deref()).await?;
+    let items = q.selected(app.store.templates(q.namespace.as_deref()).await?)?;
     Ok(Json(
         json!({"apiVersion": model::API_VERSION, "kind": "TemplateList", "items": items}),
     ))
@@ -154,13 +174,42 @@ async fn template(
     found(app.store.template(&k).await?, "Template", &k).map(Json)
 }
 
+async fn rulesets(
+    State(app): State<Arc<App>>,
+    q: Result<Query<NsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(q)?;
+    let items = q.selected(app.store.rulesets(q.namespace.as_deref()).await?)?;
+    Ok(Json(
+        json!({"apiVersion": rules::API_VERSION, "kind": "WorkflowRuleSetList", "items": items}),
+    ))
+}
+
+async fn ruleset(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    q: Result<Query<NsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let k = key(name, query(q)?);
+    found(app.store.ruleset(&k).await?, rules::KIND, &k).map(Json)
+}
+
+async fn delete_ruleset(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    q: Result<Query<NsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    super::not_mirrored(&app, crate::kinds::Kind::WorkflowRuleSet)?;
+    delete(&app, TinkKind::WorkflowRuleSet, key(name, query(q)?)).await
+}
+
 async fn workflows(
     State(app): State<Arc<App>>,
     q: Result<Query<NsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let q = query(q)?;
     let rows = app.store.workflows(q.namespace.as_deref(), &[]).await?;
-    let items: Vec<Value> = rows.iter().map(|r| r.with_status()).collect();
+    let items = q.selected(rows.iter().map(|r| r.with_status()).collect())?;
     Ok(Json(
         json!({"apiVersion": model::API_VERSION, "kind": "WorkflowList", "items": items}),
     ))

@@ -56,10 +56,12 @@ pub async fn get(
     t: &Target,
     name: Option<&str>,
     namespace: Option<&str>,
+    selector: Option<&str>,
     out: Output,
 ) -> anyhow::Result<()> {
     let ns = namespace.unwrap_or(hardware::DEFAULT_NAMESPACE).to_string();
     let v = Client::new(t)?
+        .selecting(selector)
         .get_one_or_list("/api/v1/bmc/machines", name, Some(ns))
         .await?;
     show(&v, name.is_some(), out, machines_table)?;

@@ -39,6 +39,8 @@ pub struct Client {
     base: String,
     token: String,
     http: reqwest::Client,
+    /// `-l`: lists keep what this label selector selects.
+    selector: Option<String>,
 }
 
 /// `0.0.0.0:7081` is where the daemon listens, not where to connect.
@@ -107,7 +109,18 @@ impl Client {
             builder = builder.tls_certs_only([cert]);
         }
         let http = builder.build().context("HTTP client")?;
-        Ok(Client { base, token, http })
+        Ok(Client {
+            base,
+            token,
+            http,
+            selector: None,
+        })
+    }
+
+    /// Lists from this client keep what `selector` selects (`-l`).
+    pub fn selecting(mut self, selector: Option<&str>) -> Client {
+        self.selector = selector.map(String::from);
+        self
     }
 
     async fn call(
@@ -155,8 +168,11 @@ impl Client {
         name: Option<&str>,
         namespace: Option<String>,
     ) -> anyhow::Result<Value> {
-        let query: Vec<(&str, String)> =
+        let mut query: Vec<(&str, String)> =
             namespace.map(|ns| ("namespace", ns)).into_iter().collect();
+        if let (None, Some(s)) = (name, &self.selector) {
+            query.push(("labelSelector", s.clone()));
+        }
         match name {
             Some(n) => {
                 self.call_ok(Method::GET, &format!("{base}/{}", encode(n)), &query, None)
@@ -375,12 +391,14 @@ pub async fn get(
     name: Option<&str>,
     namespace: Option<&str>,
     all: bool,
+    selector: Option<&str>,
     out: Output,
 ) -> anyhow::Result<()> {
     let ns = namespace.unwrap_or(hardware::DEFAULT_NAMESPACE).to_string();
     // A list with -A spans every namespace.
     let ns = (name.is_some() || !all).then_some(ns);
     let v = Client::new(t)?
+        .selecting(selector)
         .get_one_or_list("/api/v1/hardware", name, ns)
         .await?;
     show(&v, name.is_some(), out, |items| hardware_table(items, all))?;

@@ -13,33 +13,55 @@ pub struct GetArgs<'a> {
     pub name: Option<&'a str>,
     pub namespace: Option<&'a str>,
     pub all_namespaces: bool,
+    /// `-l`: a label selector for lists.
+    pub selector: Option<&'a str>,
     pub output: Output,
 }
 
 pub async fn get(t: &Target, a: GetArgs<'_>) -> anyhow::Result<()> {
     let path = match a.kind {
         Kind::Hardware => {
-            return super::get(t, a.name, a.namespace, a.all_namespaces, a.output).await;
+            return super::get(
+                t,
+                a.name,
+                a.namespace,
+                a.all_namespaces,
+                a.selector,
+                a.output,
+            )
+            .await;
         }
-        Kind::Machine => return super::bmc::get(t, a.name, a.namespace, a.output).await,
+        Kind::Machine => {
+            return super::bmc::get(t, a.name, a.namespace, a.selector, a.output).await;
+        }
+        Kind::Job | Kind::Task if a.selector.is_some() => {
+            bail!("jobs and tasks are listed by state, not by label (-l)")
+        }
         Kind::Job | Kind::Task => {
             return super::bmc::jobs(t, a.name, a.namespace, a.output).await;
         }
         Kind::Secret => bail!("Secrets are write-only: tinkerbox never shows BMC credentials"),
         Kind::Template => "/api/v1/templates",
         Kind::Workflow => "/api/v1/workflows",
+        Kind::WorkflowRuleSet => "/api/v1/workflowrulesets",
     };
     let ns = a
         .namespace
         .unwrap_or(hardware::DEFAULT_NAMESPACE)
         .to_string();
     let ns = (a.name.is_some() || !a.all_namespaces).then_some(ns);
-    let v = Client::new(t)?.get_one_or_list(path, a.name, ns).await?;
+    let v = Client::new(t)?
+        .selecting(a.selector)
+        .get_one_or_list(path, a.name, ns)
+        .await?;
     let wide = a.output == Output::Wide;
     let with_ns = a.all_namespaces;
     match a.kind {
         Kind::Workflow => show(&v, a.name.is_some(), a.output, |i| {
             workflow_table(i, with_ns, wide)
+        }),
+        Kind::WorkflowRuleSet => show(&v, a.name.is_some(), a.output, |i| {
+            ruleset_table(i, with_ns)
         }),
         _ => show(&v, a.name.is_some(), a.output, |i| {
             template_table(i, with_ns)
@@ -57,6 +79,7 @@ pub async fn delete(
         Kind::Hardware => return super::delete(t, name, namespace).await,
         Kind::Template => "/api/v1/templates",
         Kind::Workflow => "/api/v1/workflows",
+        Kind::WorkflowRuleSet => "/api/v1/workflowrulesets",
         other => bail!(
             "deleting a {} is not supported yet (apply a changed document instead)",
             other.resource()
@@ -93,6 +116,41 @@ fn template_table(items: &[Value], with_ns: bool) -> String {
         rows.push(vec![
             s(t, "/metadata/namespace").into(),
             s(t, "/metadata/name").into(),
+        ]);
+    }
+    strip_ns(&mut rows, with_ns);
+    render_table(&rows)
+}
+
+/// NAME RULES TEMPLATE NAMESPACE (of the Workflows it makes) ENABLED.
+fn ruleset_table(items: &[Value], with_ns: bool) -> String {
+    let mut rows = vec![
+        [
+            "NAMESPACE",
+            "NAME",
+            "RULES",
+            "TEMPLATE",
+            "WORKFLOW-NAMESPACE",
+            "DISABLED",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for r in items {
+        let rules = r
+            .pointer("/spec/rules")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        rows.push(vec![
+            s(r, "/metadata/namespace").into(),
+            s(r, "/metadata/name").into(),
+            rules.to_string(),
+            s(r, "/spec/workflow/template/ref").into(),
+            or_dash(s(r, "/spec/workflow/namespace")),
+            r.pointer("/spec/workflow/disabled")
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+                .to_string(),
         ]);
     }
     strip_ns(&mut rows, with_ns);

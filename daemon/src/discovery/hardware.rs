@@ -233,6 +233,8 @@ pub fn document(f: &Found) -> Result<Hardware, hardware::FieldError> {
             b.iter()
                 .filter(|d| text(d, "/size").is_some())
                 .filter_map(|d| text(d, "/name"))
+                // ghw names devices ("vda"); a path is taken as one too.
+                .map(|n| n.strip_prefix("/dev/").unwrap_or(n))
                 .filter(|n| {
                     n.bytes()
                         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
@@ -393,7 +395,7 @@ mod tests {
             .collect();
         let attrs = json!({
             "networkInterfaces": nics,
-            "blockDevices": [{"name": "../etc/passwd", "size": "1GB"}, {"name": "sda", "size": "1GB"}],
+            "blockDevices": [{"name": "../etc/passwd", "size": "1GB"}, {"name": "/dev/sda", "size": "1GB"}],
             "product": {"vendor": "\u{202e}evil\"vendor", "name": "x".repeat(10_000)},
             "pad": "y".repeat(70_000),
         });

@@ -109,6 +109,13 @@ pub enum Kind {
     WorkflowActionSucceeded,
     #[serde(rename = "workflow.action_failed")]
     WorkflowActionFailed,
+    /// An agent with no Hardware became Hardware `discovery-<id>`, or was
+    /// refused (bounds).
+    #[serde(rename = "discovery.hardware")]
+    DiscoveryHardware,
+    /// A WorkflowRuleSet enrolled an agent (or enrollment failed).
+    #[serde(rename = "discovery.enrolled")]
+    DiscoveryEnrolled,
     #[cfg(test)]
     #[serde(rename = "test")]
     Test,
@@ -153,6 +160,8 @@ impl Kind {
             Kind::WorkflowActionStarted => "workflow.action_started",
             Kind::WorkflowActionSucceeded => "workflow.action_succeeded",
             Kind::WorkflowActionFailed => "workflow.action_failed",
+            Kind::DiscoveryHardware => "discovery.hardware",
+            Kind::DiscoveryEnrolled => "discovery.enrolled",
             #[cfg(test)]
             Kind::Test => "test",
         }

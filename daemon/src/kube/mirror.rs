@@ -52,6 +52,7 @@ pub fn resource(kind: Kind) -> ApiResource {
         Kind::Hardware => ("tinkerbell.org", "v1alpha1", "hardware"),
         Kind::Template => ("tinkerbell.org", "v1alpha1", "templates"),
         Kind::Workflow => ("tinkerbell.org", "v1alpha1", "workflows"),
+        Kind::WorkflowRuleSet => ("tinkerbell.org", "v1alpha1", "workflowrulesets"),
         Kind::Machine => ("bmc.tinkerbell.org", "v1alpha1", "machines"),
         Kind::Job => ("bmc.tinkerbell.org", "v1alpha1", "jobs"),
         Kind::Task => ("bmc.tinkerbell.org", "v1alpha1", "tasks"),
@@ -67,6 +68,7 @@ pub fn kind_name(kind: Kind) -> &'static str {
         Kind::Hardware => "Hardware",
         Kind::Template => "Template",
         Kind::Workflow => "Workflow",
+        Kind::WorkflowRuleSet => "WorkflowRuleSet",
         Kind::Machine => "Machine",
         Kind::Job => "Job",
         Kind::Task => "Task",
@@ -292,7 +294,9 @@ impl Mirror {
             },
             _ => {
                 let take = match kind {
-                    Kind::Template | Kind::Workflow => self.tink_external || follower,
+                    Kind::Template | Kind::Workflow | Kind::WorkflowRuleSet => {
+                        self.tink_external || follower
+                    }
                     _ => self.rufio_external || follower,
                 };
                 match self.checked(kind, change, |d| super::convert::item(kind, d)) {
@@ -409,6 +413,7 @@ mod tests {
             hardware: HardwareService::new(store.clone(), inv, sink.clone(), metrics.clone()),
             bmc: BmcService::new(store.clone(), sink.clone(), wake.clone()),
             workflow: WorkflowService::new(store.clone(), sink.clone(), metrics.clone(), wake),
+            discovery: crate::services::Discovery::new(Default::default()),
             link: Arc::default(),
         });
         let (dummy, _) = mock::client(vec![]);

@@ -511,6 +511,26 @@ impl crate::services::cluster::Cluster for Port {
         }))
     }
 
+    async fn create(
+        &self,
+        kind: Kind,
+        key: &Key,
+        doc: &Value,
+    ) -> Result<Option<Copy<Value>>, ClusterError> {
+        let Some(made) = self.cluster.create(kind, key, doc).await? else {
+            return Ok(None);
+        };
+        let version = made
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .map(String::from);
+        Ok(Some(Copy {
+            key: key.clone(),
+            item: crate::kinds::clean(made),
+            version,
+        }))
+    }
+
     fn owe(&self, o: Owed) {
         self.outbox.mark(o);
     }

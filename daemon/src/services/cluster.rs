@@ -66,6 +66,15 @@ pub trait Cluster: Send + Sync {
         run: Option<&str>,
     ) -> Result<Option<Copy<MirrorItem>>, ClusterError>;
 
+    /// Make object `key` of `kind` from `doc` unless one of that name
+    /// exists (None): the copy made, as the cluster has it.
+    async fn create(
+        &self,
+        kind: Kind,
+        key: &Key,
+        doc: &Value,
+    ) -> Result<Option<Copy<Value>>, ClusterError>;
+
     /// The stored status of `o` is owed to the cluster (written behind,
     /// coalesced), while this instance leads.
     fn owe(&self, o: Owed);

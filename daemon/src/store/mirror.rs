@@ -38,6 +38,7 @@ impl MirrorItem {
             Checked::Hardware(h) => &h.machine.key,
             Checked::Template(t) => &t.key,
             Checked::Workflow(w) => &w.key,
+            Checked::RuleSet(r) => &r.key,
             Checked::Bmc(Doc::Machine { key, .. })
             | Checked::Bmc(Doc::Job { key, .. })
             | Checked::Bmc(Doc::Task { key, .. })
@@ -52,6 +53,10 @@ fn keys_sql(kind: Kind) -> Option<(&'static str, &'static str)> {
         Kind::Template => (
             "SELECT namespace, name FROM templates",
             "DELETE FROM templates WHERE namespace = ? AND name = ?",
+        ),
+        Kind::WorkflowRuleSet => (
+            "SELECT namespace, name FROM workflow_rulesets",
+            "DELETE FROM workflow_rulesets WHERE namespace = ? AND name = ?",
         ),
         Kind::Workflow => (
             "SELECT namespace, name FROM workflows",
@@ -91,6 +96,7 @@ fn uid_sql(kind: Kind) -> Option<(&'static str, &'static str)> {
     Some(match kind {
         Kind::Template => uid!("templates"),
         Kind::Workflow => uid!("workflows"),
+        Kind::WorkflowRuleSet => uid!("workflow_rulesets"),
         Kind::Machine => uid!("bmc_machines"),
         Kind::Job | Kind::Task => uid!("bmc_jobs"),
         Kind::Hardware | Kind::Secret => return None,
@@ -162,6 +168,9 @@ impl Store {
             let o = match &item.checked {
                 Checked::Template(t) => {
                     upsert_document(&mut tx, DocTable::Templates, &t.key, &t.doc).await?
+                }
+                Checked::RuleSet(r) => {
+                    upsert_document(&mut tx, DocTable::RuleSets, &r.key, &r.doc).await?
                 }
                 Checked::Workflow(w) => {
                     // Deleted and made again under its name while unwatched:

@@ -94,6 +94,7 @@ pub(crate) enum DocTable {
     BmcMachines,
     Templates,
     Workflows,
+    RuleSets,
 }
 
 /// The statements per table, static (sqlx refuses SQL built at run time).
@@ -122,6 +123,7 @@ impl DocTable {
             DocTable::BmcMachines => doc_sql!("bmc_machines"),
             DocTable::Templates => doc_sql!("templates"),
             DocTable::Workflows => doc_sql!("workflows"),
+            DocTable::RuleSets => doc_sql!("workflow_rulesets"),
         }
     }
 }
@@ -425,6 +427,17 @@ impl Store {
         }
         tx.commit().await?;
         Ok((outcomes, deleted))
+    }
+
+    /// How many Hardware carry upstream's discovered label (the bound on
+    /// what discovery may make).
+    pub async fn count_discovered(&self) -> Result<usize, StoreError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM hardware WHERE json_extract(doc, '$.metadata.labels.\"tinkerbell.org/auto-discovered\"') = 'true'",
+        )
+        .fetch_one(self.pool())
+        .await?;
+        Ok(usize::try_from(n).unwrap_or(0))
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Value>, StoreError> {

@@ -5,6 +5,7 @@
 
 use super::{DocTable, Outcome, Store, StoreError, upsert_document};
 use crate::clock::now_ms;
+use crate::discovery::rules::RuleSet;
 use crate::hardware::Key;
 use crate::workflow::model::{State, Status, Template, Workflow};
 use serde_json::Value;
@@ -136,6 +137,7 @@ pub(super) async fn import_status(
 pub enum TinkKind {
     Template,
     Workflow,
+    WorkflowRuleSet,
 }
 
 impl TinkKind {
@@ -143,6 +145,7 @@ impl TinkKind {
         match self {
             TinkKind::Template => DocTable::Templates,
             TinkKind::Workflow => DocTable::Workflows,
+            TinkKind::WorkflowRuleSet => DocTable::RuleSets,
         }
     }
 }
@@ -182,6 +185,43 @@ impl Store {
         self.statuses
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// WorkflowRuleSets in one transaction. A change bumps the workflow
+    /// generation: refusals remembered for agents with no Workflow (no
+    /// ruleset matched them) are derived anew.
+    pub async fn apply_rulesets(&self, sets: &[RuleSet]) -> Result<Vec<Outcome>, StoreError> {
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut out = Vec::with_capacity(sets.len());
+        for s in sets {
+            out.push(upsert_document(&mut tx, DocTable::RuleSets, &s.key, &s.doc).await?);
+        }
+        tx.commit().await?;
+        self.bump_workflows();
+        Ok(out)
+    }
+
+    /// Every WorkflowRuleSet (in `namespace`, when given), in namespace and
+    /// name order: the order ties are broken in.
+    pub async fn rulesets(&self, namespace: Option<&str>) -> Result<Vec<Value>, StoreError> {
+        let rows: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT namespace, name, doc FROM workflow_rulesets WHERE ?1 IS NULL OR namespace = ?1 ORDER BY namespace, name",
+        )
+        .bind(namespace)
+        .fetch_all(self.pool())
+        .await?;
+        rows.into_iter()
+            .map(|(ns, name, doc)| parse(&Key::new(ns, name), &doc))
+            .collect()
+    }
+
+    pub async fn ruleset(&self, key: &Key) -> Result<Option<Value>, StoreError> {
+        let doc: Option<String> = sqlx::query_scalar(DocTable::RuleSets.sql().doc)
+            .bind(&key.namespace)
+            .bind(&key.name)
+            .fetch_optional(self.pool())
+            .await?;
+        doc.map(|d| parse(key, &d)).transpose()
     }
 
     pub async fn template(&self, key: &Key) -> Result<Option<Value>, StoreError> {

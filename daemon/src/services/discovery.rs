@@ -1,0 +1,446 @@
+//! Zero-touch's writes. An agent with no Hardware becomes Hardware
+//! `discovery-<id>` (discovery); an agent with no Workflow is enrolled by
+//! the WorkflowRuleSet that matches it best (enrollment). Both happen
+//! because a packet asked, so both are bounded: creations per minute, the
+//! discovered Hardware kept, remembered refusals in bytes. In kube mode
+//! the objects are made in the cluster (the leader answers every worker
+//! call, so only it makes them) and mirrored back at once.
+
+use super::{Error, Mirrored, Refusals, Services, WorkerError};
+use crate::config::DiscoveryConfig;
+use crate::discovery::hardware::{self as found, DISCOVERED_LABEL, Found};
+use crate::discovery::rules::{self, Enrolling};
+use crate::events::{Event, Kind as EventKind};
+use crate::hardware::{Hardware, Key, Mac};
+use crate::kinds::{Checked, Kind};
+use crate::metrics::ResultLabels;
+use crate::store::mirror::MirrorItem;
+use crate::workflow::agent::{Refusal, Served};
+use serde_json::Value;
+use std::time::Duration;
+
+/// How long a GetAction that enrolled its agent waits for the engine to
+/// render the new Workflow (upstream retries for up to 30 s).
+const RENDER_WAIT: Duration = Duration::from_secs(4);
+const RENDER_POLL: Duration = Duration::from_millis(100);
+
+/// Discovery's and enrollment's state.
+pub struct Discovery {
+    cfg: DiscoveryConfig,
+    /// Creations in the current minute: (minute, count).
+    window: std::sync::Mutex<(i64, u32)>,
+    /// One creation at a time, each checked against what exists just
+    /// before it: two polls of one new agent make one Hardware.
+    write: tokio::sync::Mutex<()>,
+    /// Enrollment's refusals by agent, at the workflow generation they
+    /// were derived at (a WorkflowRuleSet change bumps it).
+    refusals: std::sync::Mutex<Refusals>,
+}
+
+impl Discovery {
+    pub fn new(cfg: DiscoveryConfig) -> Self {
+        Discovery {
+            cfg,
+            window: Default::default(),
+            write: Default::default(),
+            refusals: Default::default(),
+        }
+    }
+
+    /// Whether a creation fits in this minute's budget (and take it).
+    fn take_slot(&self, now_ms: i64) -> bool {
+        let minute = now_ms / 60_000;
+        let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        if w.0 != minute {
+            *w = (minute, 0);
+        }
+        if w.1 >= self.cfg.max_per_minute {
+            return false;
+        }
+        w.1 += 1;
+        true
+    }
+
+    fn remembered(&self, agent: &str, generation: u64) -> Option<Refusal> {
+        let r = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        r.get(agent, generation)
+    }
+
+    fn remember(&self, agent: &str, generation: u64, why: Refusal) -> Refusal {
+        let mut r = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        r.put(agent, generation, why.clone());
+        why
+    }
+}
+
+/// What discovery did for an agent with no Hardware (a metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Discovered {
+    Created,
+    RateLimited,
+    AtCap,
+    Failed,
+}
+
+impl Discovered {
+    fn as_str(self) -> &'static str {
+        match self {
+            Discovered::Created => "created",
+            Discovered::RateLimited => "rate_limited",
+            Discovered::AtCap => "at_cap",
+            Discovered::Failed => "failed",
+        }
+    }
+}
+
+impl Services {
+    /// GetAction with zero touch: an agent that has nothing to run is
+    /// discovered (`discovery.enabled`) and enrolled (`discovery.enroll`)
+    /// first, then asked for again once its Workflow is rendered.
+    pub async fn get_action(
+        &self,
+        agent: &str,
+        attributes: Option<&Value>,
+    ) -> Result<Served, WorkerError> {
+        let first = self.workflow.get_action(agent).await;
+        let d = &self.discovery;
+        if !(d.cfg.enabled || d.cfg.enroll)
+            || !matches!(first, Err(WorkerError::Refused(Refusal::NotFound(_))))
+        {
+            return first;
+        }
+        let hardware = if d.cfg.enabled {
+            self.discover(agent, attributes).await
+        } else {
+            self.hardware_of(agent)
+        };
+        if !d.cfg.enroll {
+            return first;
+        }
+        let (workflow, disabled) = self.enroll(agent, attributes, hardware).await?;
+        if disabled {
+            // Upstream's "discover, then decide" recipe: nothing to run
+            // until someone enables it.
+            return Err(
+                Refusal::FailedPrecondition(format!("Workflow {workflow} is disabled")).into(),
+            );
+        }
+        let deadline = tokio::time::Instant::now() + RENDER_WAIT;
+        loop {
+            match self.workflow.get_action(agent).await {
+                Err(WorkerError::Refused(Refusal::NotFound(_)))
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(RENDER_POLL).await;
+                }
+                Err(WorkerError::Refused(Refusal::NotFound(_))) => {
+                    return Err(WorkerError::Unavailable(format!(
+                        "Workflow {workflow} was made for this agent and is not rendered yet"
+                    )));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The agent's Hardware: by `spec.agentID`, else by its id as a MAC.
+    fn hardware_of(&self, agent: &str) -> Option<Key> {
+        let snap = self.hardware.inventory.snapshot();
+        let m = match snap.by_agent(agent) {
+            Some(m) => m,
+            None => snap.by_mac(&agent.parse::<Mac>().ok()?)?.0,
+        };
+        Some(m.key.clone())
+    }
+
+    /// Discovery: the agent's Hardware, made now when it has none (and the
+    /// bounds allow). Failures are events and metrics, never the agent's
+    /// error: as upstream, a machine is not kept from its work by them.
+    async fn discover(&self, agent: &str, attributes: Option<&Value>) -> Option<Key> {
+        if let Some(k) = self.hardware_of(agent) {
+            return Some(k);
+        }
+        let d = &self.discovery;
+        let outcome = |o: Discovered| {
+            self.hardware
+                .metrics
+                .discovered
+                .get_or_create(&ResultLabels { result: o.as_str() })
+                .inc();
+        };
+        if !d.take_slot(crate::clock::now_ms()) {
+            outcome(Discovered::RateLimited);
+            tracing::warn!(
+                agent,
+                per_minute = d.cfg.max_per_minute,
+                "discovery: rate limit reached, agent not discovered now"
+            );
+            return None;
+        }
+        let _w = d.write.lock().await;
+        if let Some(k) = self.hardware_of(agent) {
+            return Some(k);
+        }
+        match self.hardware.store.count_discovered().await {
+            Ok(n) if n >= d.cfg.max_hardware => {
+                outcome(Discovered::AtCap);
+                self.hardware.events.record(Event::new(
+                    EventKind::DiscoveryHardware,
+                    format!(
+                        "agent {agent} not discovered: {n} discovered Hardware is discovery.max_hardware"
+                    ),
+                ));
+                return None;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                outcome(Discovered::Failed);
+                tracing::error!(agent, error = %e, "discovery: cannot count discovered Hardware");
+                return None;
+            }
+        }
+        let empty = Value::Object(Default::default());
+        let attrs = attributes.unwrap_or(&empty);
+        let snap = self.hardware.inventory.snapshot();
+        let taken = |m: &Mac| snap.by_mac(m).is_some();
+        let hw = match found::document(&Found {
+            agent_id: agent,
+            attributes: attrs,
+            namespace: &d.cfg.namespace,
+            enroll: d.cfg.enroll,
+            reservation: None,
+            taken: &taken,
+        }) {
+            Ok(hw) => hw,
+            Err(e) => {
+                outcome(Discovered::Failed);
+                tracing::warn!(agent, error = %e, "discovery: no valid Hardware from this agent");
+                return None;
+            }
+        };
+        let key = hw.machine.key.clone();
+        match self.create_hardware(hw).await {
+            Ok(()) => {
+                outcome(Discovered::Created);
+                self.hardware.events.record(
+                    Event::new(
+                        EventKind::DiscoveryHardware,
+                        format!("agent {agent} discovered: Hardware {key}"),
+                    )
+                    .machine(key.clone()),
+                );
+                Some(key)
+            }
+            Err(e) => {
+                outcome(Discovered::Failed);
+                tracing::warn!(agent, hardware = %key, error = %e, "discovery: Hardware not made");
+                self.hardware.events.record(
+                    Event::new(
+                        EventKind::DiscoveryHardware,
+                        format!("agent {agent}: Hardware {key} not made: {e}"),
+                    )
+                    .machine(key.clone()),
+                );
+                None
+            }
+        }
+    }
+
+    /// Make a discovered Hardware where Hardware lives: the cluster, or the
+    /// store. An existing one of the name is left as it is.
+    async fn create_hardware(&self, hw: Hardware) -> Result<(), Error> {
+        let key = hw.machine.key.clone();
+        if let Some(cluster) = self.link.cluster() {
+            if let Some(made) = cluster.create(Kind::Hardware, &key, &hw.doc).await? {
+                let item = crate::hardware::validate(made.item)?;
+                self.hardware
+                    .mirror(Mirrored::One(super::Copy {
+                        key,
+                        item,
+                        version: made.version,
+                    }))
+                    .await?;
+            }
+            return Ok(());
+        }
+        if self.hardware.inventory.snapshot().by_key(&key).is_some() {
+            return Ok(());
+        }
+        self.hardware.apply(vec![hw]).await?;
+        Ok(())
+    }
+
+    /// Enrollment, upstream's rules: a Hardware with
+    /// `spec.auto.enrollmentEnabled` false is not enrolled; otherwise the
+    /// best matching WorkflowRuleSet makes Workflow `enrollment-<agent>`
+    /// (once: an existing one is waited for). Refusals are remembered
+    /// until a Workflow or a WorkflowRuleSet changes.
+    async fn enroll(
+        &self,
+        agent: &str,
+        attributes: Option<&Value>,
+        hardware: Option<Key>,
+    ) -> Result<(Key, bool), WorkerError> {
+        let d = &self.discovery;
+        let store = &self.workflow.store;
+        let generation = store.workflow_generation();
+        if let Some(r) = d.remembered(agent, generation) {
+            return Err(r.into());
+        }
+        let outcome = |result: &'static str| {
+            self.workflow
+                .metrics
+                .enrollments
+                .get_or_create(&ResultLabels { result })
+                .inc();
+        };
+        let mut discovered = false;
+        if let Some(h) = &hardware {
+            let doc = self.hardware.store.get(h).await?;
+            let enabled = doc
+                .as_ref()
+                .and_then(|d| d.pointer("/spec/auto/enrollmentEnabled"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            if !enabled {
+                outcome("disabled");
+                return Err(d
+                    .remember(
+                        agent,
+                        generation,
+                        Refusal::FailedPrecondition(
+                            "auto enrollment is disabled for this hardware".into(),
+                        ),
+                    )
+                    .into());
+            }
+            discovered = doc
+                .as_ref()
+                .and_then(|d| d.pointer("/metadata/labels"))
+                .and_then(|l| l.get(DISCOVERED_LABEL))
+                .and_then(Value::as_str)
+                == Some("true");
+        }
+        let sets: Vec<rules::RuleSet> = store
+            .rulesets(None)
+            .await?
+            .into_iter()
+            .filter_map(|doc| rules::ruleset(doc).ok())
+            .collect();
+        let text = attributes.map_or_else(|| "{}".to_string(), Value::to_string);
+        let Some(set) = rules::best(&sets, text.as_bytes()) else {
+            outcome("no_match");
+            return Err(d
+                .remember(
+                    agent,
+                    generation,
+                    Refusal::NotFound(format!(
+                        "no Workflow Rule Sets found or matched for Agent {agent}"
+                    )),
+                )
+                .into());
+        };
+        let wf = match rules::enrollment(
+            set,
+            &Enrolling {
+                agent_id: agent,
+                attributes: &text,
+                hardware: hardware.as_ref(),
+                discovered,
+            },
+        ) {
+            Ok(w) => w,
+            Err(e) => {
+                outcome("refused");
+                self.workflow.events.record(Event::new(
+                    EventKind::DiscoveryEnrolled,
+                    format!("agent {agent} not enrolled: {e}"),
+                ));
+                return Err(d
+                    .remember(
+                        agent,
+                        generation,
+                        Refusal::FailedPrecondition(e.to_string()),
+                    )
+                    .into());
+            }
+        };
+        let key = wf.key.clone();
+        let disabled = wf.spec.disabled;
+        let _w = d.write.lock().await;
+        if let Some(row) = store.workflow(&key).await? {
+            // Made at an earlier poll: as it is now (someone may have
+            // enabled it since).
+            let disabled = row.doc.pointer("/spec/disabled").and_then(Value::as_bool);
+            return Ok((key, disabled.unwrap_or(false)));
+        }
+        let made = match self.link.cluster() {
+            Some(cluster) => match cluster.create(Kind::Workflow, &key, &wf.doc).await {
+                Ok(Some(made)) => {
+                    let item = crate::workflow::model::workflow(made.item)
+                        .map_err(|e| WorkerError::Unavailable(e.to_string()))?;
+                    self.mirror(
+                        Kind::Workflow,
+                        Mirrored::One(super::Copy {
+                            key: key.clone(),
+                            item: MirrorItem::new(Checked::Workflow(item)),
+                            version: made.version,
+                        }),
+                        false,
+                    )
+                    .await?;
+                    Ok(())
+                }
+                Ok(None) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            },
+            None => self
+                .workflow
+                .apply(&[], std::slice::from_ref(&wf))
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+        };
+        let mut event = Event::new(
+            EventKind::DiscoveryEnrolled,
+            match &made {
+                Ok(()) => format!(
+                    "agent {agent} enrolled by WorkflowRuleSet {}: Workflow {key}",
+                    set.key
+                ),
+                Err(e) => format!("agent {agent}: Workflow {key} not made: {e}"),
+            },
+        );
+        if let Some(h) = &hardware {
+            event = event.machine(h.clone());
+        }
+        self.workflow.events.record(event);
+        match made {
+            Ok(()) => {
+                outcome("created");
+                Ok((key, disabled))
+            }
+            Err(e) => {
+                outcome("failed");
+                Err(WorkerError::Unavailable(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creations_per_minute_are_bounded() {
+        let d = Discovery::new(DiscoveryConfig {
+            max_per_minute: 3,
+            ..Default::default()
+        });
+        let t = 10 * 60_000;
+        assert!((0..3).all(|i| d.take_slot(t + i)));
+        assert!(!d.take_slot(t + 59_000), "the fourth in the minute");
+        assert!(d.take_slot(t + 60_000), "a new minute");
+    }
+}
