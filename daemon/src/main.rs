@@ -233,6 +233,9 @@ enum KubeCommand {
         /// native: tinkerbox runs the workflows; external: upstream tink-controller does
         #[arg(long, value_enum, default_value_t = Role::Native)]
         tink: Role,
+        /// Zero touch ([discovery] enabled or enroll): create Hardware and Workflows
+        #[arg(long)]
+        zero_touch: bool,
         #[arg(long, value_name = "NAME", default_value = "tinkerbox")]
         service_account: String,
         /// The ServiceAccount's namespace
@@ -557,6 +560,7 @@ async fn kube(args: &Args, command: &KubeCommand) -> anyhow::Result<()> {
             namespace,
             rufio,
             tink,
+            zero_touch,
             service_account,
             sa_namespace,
         } => {
@@ -564,6 +568,7 @@ async fn kube(args: &Args, command: &KubeCommand) -> anyhow::Result<()> {
                 roles: rbac::Roles {
                     tink: *tink,
                     rufio: *rufio,
+                    zero_touch: *zero_touch,
                 },
                 namespace: namespace.clone(),
                 service_account: service_account.clone(),

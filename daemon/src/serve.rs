@@ -63,6 +63,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 roles: crate::kube::rbac::Roles {
                     tink: config.kube.tink,
                     rufio: config.kube.rufio,
+                    zero_touch: config.discovery.enabled || config.discovery.enroll,
                 },
                 events: app.events.clone(),
             });
@@ -104,7 +105,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     match (&app.kube, clients, mirror_port) {
         (Some(sync), Some(clients), Some(port)) => {
             let namespace = config.kube.namespace.clone();
-            let kinds = crate::kube::mirror::kinds(&config.kube);
+            let kinds = crate::kube::mirror::kinds(&config.kube, config.discovery.enroll);
             let mirror = crate::kube::mirror::Mirror {
                 services: app.services.clone(),
                 port,
@@ -290,10 +291,11 @@ async fn open(
         metrics,
         services,
         kube: config.kube.enabled.then(|| {
-            let kinds: Vec<&'static str> = crate::kube::mirror::kinds(&config.kube)
-                .into_iter()
-                .map(crate::kube::mirror::kind_name)
-                .collect();
+            let kinds: Vec<&'static str> =
+                crate::kube::mirror::kinds(&config.kube, config.discovery.enroll)
+                    .into_iter()
+                    .map(crate::kube::mirror::kind_name)
+                    .collect();
             Arc::new(crate::kube::Sync::new(&kinds))
         }),
     });

@@ -933,3 +933,58 @@ spec:
     assert_eq!(served(&second), ["y"], "{second:#?}");
     until(15, "SUCCESS in the cluster", &b, || state() == "SUCCESS");
 }
+
+/// Zero touch against the cluster: a WorkflowRuleSet there enrolls an
+/// agent nobody entered; its Hardware and its Workflow are made in the
+/// cluster (where `kubectl` sees them), the Workflow runs, and its status
+/// and the Hardware's netboot switch are written there.
+#[test]
+fn an_unknown_agent_is_discovered_and_enrolled_in_the_cluster() {
+    const NEW: &str = "52:54:00:77:00:01";
+    let cluster = Cluster::start();
+    let docs = format!(
+        "{}---\napiVersion: tinkerbell.org/v1alpha1\nkind: WorkflowRuleSet\nmetadata: {{name: any-intel, namespace: default}}\n\
+         spec:\n  rules: ['{{\"cpu\": {{\"processors\": {{\"vendor\": [\"GenuineIntel\"]}}}}}}']\n  workflow:\n    template: {{ref: t-zero, agentValue: device_1}}\n",
+        workflow_docs(
+            "t-zero",
+            &["x"],
+            "unused",
+            "unused",
+            "02:00:00:00:00:99",
+            ""
+        )
+        .split("---")
+        .next()
+        .unwrap()
+    );
+    cluster.kubectl(&["create", "-f", "-"], Some(&docs));
+    let d = kube_daemon_with(&cluster, "[discovery]\nenabled = true\nenroll = true\n");
+    until(30, "the ruleset mirrored", &d, || {
+        d.cli_ok(&["get", "wrs"]).contains("any-intel")
+    });
+    let lines = crate::tink::peer(&d, &["agent", NEW, "--polls", "100"]);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["event"] == "served" && l["action"] == "x"),
+        "{lines:#?}\n{}",
+        d.log()
+    );
+    let hw = cluster_get(&cluster, "hardware", "discovery-52-54-00-77-00-01");
+    assert_eq!(
+        hw["metadata"]["labels"]["tinkerbell.org/auto-discovered"], "true",
+        "{hw:#}"
+    );
+    assert_eq!(hw["spec"]["agentID"], NEW);
+    let wf = || cluster_get(&cluster, "workflow", "enrollment-52-54-00-77-00-01");
+    assert_eq!(wf()["metadata"]["ownerReferences"][0]["name"], "any-intel");
+    assert!(wf()["metadata"]["ownerReferences"][0]["uid"].is_string());
+    until(30, "SUCCESS in the cluster", &d, || {
+        wf()["status"]["state"] == "SUCCESS"
+    });
+    until(10, "allowPXE false in the cluster", &d, || {
+        cluster_get(&cluster, "hardware", "discovery-52-54-00-77-00-01")["spec"]["interfaces"][0]["netboot"]
+            ["allowPXE"]
+            == false
+    });
+}

@@ -38,7 +38,7 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 const RESOURCE: &str = "customresourcedefinition.apiextensions.k8s.io";
 
 /// The embedded files, in the order they are applied: file name, contents.
-pub const FILES: [(&str, &str); 7] = [
+pub const FILES: [(&str, &str); 8] = [
     (
         "tinkerbell.org_hardware.yaml",
         include_str!("../../crds/tinkerbell.org_hardware.yaml"),
@@ -50,6 +50,10 @@ pub const FILES: [(&str, &str); 7] = [
     (
         "tinkerbell.org_workflows.yaml",
         include_str!("../../crds/tinkerbell.org_workflows.yaml"),
+    ),
+    (
+        "tinkerbell.org_workflowrulesets.yaml",
+        include_str!("../../crds/tinkerbell.org_workflowrulesets.yaml"),
     ),
     (
         "bmc.tinkerbell.org_machines.yaml",
@@ -373,7 +377,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn the_embedded_crds_are_tinkerbells_six_and_the_supervisors() {
+    fn the_embedded_crds_are_tinkerbells_seven_and_the_supervisors() {
         let crds = embedded().unwrap();
         let names: Vec<&str> = crds.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(
@@ -382,6 +386,7 @@ mod tests {
                 "hardware.tinkerbell.org",
                 "templates.tinkerbell.org",
                 "workflows.tinkerbell.org",
+                "workflowrulesets.tinkerbell.org",
                 "machines.bmc.tinkerbell.org",
                 "jobs.bmc.tinkerbell.org",
                 "tasks.bmc.tinkerbell.org",
@@ -414,14 +419,14 @@ mod tests {
         for c in &crds {
             assert!(y.contains(c.yaml), "{}", c.file);
         }
-        assert_eq!(y.matches("kind: CustomResourceDefinition").count(), 7);
-        // Seven YAML documents, each the file's.
+        assert_eq!(y.matches("kind: CustomResourceDefinition").count(), 8);
+        // Eight YAML documents, each the file's.
         let docs: Vec<Value> = serde_saphyr::from_multiple(&y).unwrap();
-        assert_eq!(docs.len(), 7);
-        assert_eq!(docs[6], crds[6].doc);
+        assert_eq!(docs.len(), 8);
+        assert_eq!(docs[7], crds[7].doc);
         // The anchors in tinkerbox's own are resolved: one schema for all
         // three components.
-        let spec = &docs[6]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        let spec = &docs[7]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
             ["properties"];
         assert_eq!(spec["rufio"], spec["tinkServer"]);
         assert!(spec["rufio"]["properties"]["replicas"].is_object());

@@ -21,8 +21,10 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 /// The kinds mirrored from the cluster, for the roles of `[kube]`:
-/// Secrets only when tinkerbox's BMC engine needs their credentials.
-pub fn kinds(cfg: &KubeConfig) -> Vec<Kind> {
+/// Secrets only when tinkerbox's BMC engine needs their credentials,
+/// WorkflowRuleSets only when it enrolls (`discovery.enroll`: a cluster
+/// without their CRD is not kept from being current).
+pub fn kinds(cfg: &KubeConfig, enroll: bool) -> Vec<Kind> {
     let mut k = vec![
         Kind::Hardware,
         Kind::Template,
@@ -33,6 +35,9 @@ pub fn kinds(cfg: &KubeConfig) -> Vec<Kind> {
     ];
     if cfg.rufio == Role::Native {
         k.push(Kind::Secret);
+    }
+    if enroll {
+        k.push(Kind::WorkflowRuleSet);
     }
     k
 }

@@ -35,7 +35,7 @@ pub const ALWAYS: &[Grant] = &[
     // The mirror: every kind tinkerbox serves, and the BMC Secrets.
     Grant {
         group: "tinkerbell.org",
-        resources: &["hardware", "templates", "workflows"],
+        resources: &["hardware", "templates", "workflows", "workflowrulesets"],
         verbs: READ,
     },
     Grant {
@@ -83,6 +83,14 @@ pub const TINK_NATIVE: &[Grant] = &[
         verbs: CREATE_DELETE,
     },
 ];
+
+/// Zero touch (`[discovery]` enabled or enrolling): the leader makes the
+/// Hardware of machines it discovers and the Workflows rulesets enroll.
+pub const ZERO_TOUCH: &[Grant] = &[Grant {
+    group: "tinkerbell.org",
+    resources: &["hardware", "workflows"],
+    verbs: &["create"],
+}];
 
 /// Rufio native: tinkerbox drives the BMCs (rufio's job).
 pub const RUFIO_NATIVE: &[Grant] = &[
@@ -181,6 +189,8 @@ const VERB_ORDER: &[&str] = &[
 pub struct Roles {
     pub tink: Mode,
     pub rufio: Mode,
+    /// Discovery or enrollment is on.
+    pub zero_touch: bool,
 }
 
 impl Default for Roles {
@@ -188,6 +198,7 @@ impl Default for Roles {
         Roles {
             tink: Mode::Native,
             rufio: Mode::Native,
+            zero_touch: false,
         }
     }
 }
@@ -200,6 +211,9 @@ pub fn grants(roles: Roles) -> Vec<&'static Grant> {
     }
     if roles.rufio == Mode::Native {
         g.extend(RUFIO_NATIVE);
+    }
+    if roles.zero_touch {
+        g.extend(ZERO_TOUCH);
     }
     if roles.tink == Mode::External || roles.rufio == Mode::External {
         g.extend(SUPERVISOR);
@@ -411,7 +425,11 @@ mod tests {
     ];
 
     fn roles(tink: Mode, rufio: Mode) -> Roles {
-        Roles { tink, rufio }
+        Roles {
+            tink,
+            rufio,
+            zero_touch: false,
+        }
     }
 
     /// Every (group, resource, verb) the rules allow.
@@ -451,7 +469,11 @@ mod tests {
         &'static [&'static str],
     )> {
         vec![
-            (TB, &["hardware", "templates", "workflows"], READ),
+            (
+                TB,
+                &["hardware", "templates", "workflows", "workflowrulesets"],
+                READ,
+            ),
             (BMC, &["machines", "jobs", "tasks"], READ),
             ("", &["secrets"], READ),
             (
@@ -499,6 +521,22 @@ mod tests {
             "deployments",
             "create"
         ));
+    }
+
+    #[test]
+    fn zero_touch_adds_creating_hardware_and_workflows_only() {
+        let plain = rules(Roles::default());
+        let zero = rules(Roles {
+            zero_touch: true,
+            ..Roles::default()
+        });
+        for res in ["hardware", "workflows"] {
+            assert!(!allows(&plain, TB, res, "create"), "{res}");
+            assert!(allows(&zero, TB, res, "create"), "{res}");
+            assert!(!allows(&zero, TB, res, "delete"), "{res}");
+        }
+        assert!(allows(&plain, TB, "workflowrulesets", "watch"));
+        assert!(!allows(&zero, TB, "templates", "create"));
     }
 
     #[test]

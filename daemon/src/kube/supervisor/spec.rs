@@ -314,6 +314,7 @@ pub(crate) mod fixtures {
     pub(crate) const EXTERNAL: Roles = Roles {
         tink: Role::External,
         rufio: Role::External,
+        zero_touch: false,
     };
 }
 
@@ -333,6 +334,7 @@ mod tests {
         let rufio_native = Roles {
             tink: Role::External,
             rufio: Role::Native,
+            zero_touch: false,
         };
         let p = plan(&owner(), Some(&json!({})), rufio_native).unwrap();
         let on: Vec<_> = p.components.iter().map(|(c, _)| *c).collect();
@@ -372,6 +374,7 @@ mod tests {
         let native = Roles {
             tink: Role::Native,
             rufio: Role::Native,
+            zero_touch: false,
         };
         let r = refused(json!({"rufio": {"enabled": true}}), native);
         assert_eq!(r.reason(), "Conflict");
