@@ -361,6 +361,10 @@ pub struct BmcConfig {
     /// How often every BMC's power state is read ("0s": never).
     #[serde(with = "human_duration")]
     pub poll_interval: Duration,
+    /// How often a Redfish BMC's inventory is read into its Hardware's
+    /// `status.attributes.outOfBand` (Rufio's default, ±10%; "0s": never).
+    #[serde(with = "human_duration")]
+    pub inventory_interval: Duration,
 }
 
 impl Default for BmcConfig {
@@ -369,6 +373,7 @@ impl Default for BmcConfig {
             task_timeout: Duration::from_secs(20),
             attempts: 3,
             poll_interval: Duration::from_secs(60),
+            inventory_interval: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -1051,6 +1056,7 @@ mod tests {
                 task_timeout: Duration::from_secs(45),
                 attempts: 5,
                 poll_interval: Duration::from_secs(300),
+                inventory_interval: Duration::from_secs(7200),
             },
             api: ApiConfig {
                 listen: "127.0.0.1:9081".parse().unwrap(),

@@ -56,6 +56,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // The runner moves in: it holds an event sender, and the event
         // writer ends only when the last one is gone.
         let (app, poll) = (app.clone(), config.bmc.poll_interval);
+        let inventory_every = config.bmc.inventory_interval;
         let supervisor = client
             .clone()
             .map(|client| crate::kube::supervisor::run::Supervisor {
@@ -83,6 +84,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 t.push(tokio::spawn(bmc.clone().run()));
                 if !poll.is_zero() {
                     t.push(tokio::spawn(bmc.clone().poll(poll)));
+                }
+                if !inventory_every.is_zero() {
+                    t.push(tokio::spawn(bmc.clone().inspect(inventory_every)));
                 }
             }
             if let Some(p) = &port

@@ -209,6 +209,23 @@ impl HardwareService {
         Ok(set)
     }
 
+    /// Rufio's out-of-band inventory of Hardware `key`, into
+    /// `status.attributes.outOfBand` (in kube mode: the cluster's status,
+    /// which the watch brings back).
+    pub async fn set_out_of_band(&self, key: &Key, out_of_band: Value) -> Result<(), Error> {
+        if let Some(cluster) = self.link.cluster() {
+            let status = json!({"attributes": {"outOfBand": out_of_band}});
+            cluster.hardware_status(key, &status).await?;
+            return Ok(());
+        }
+        self.update(key, |doc| {
+            doc["status"]["attributes"]["outOfBand"] = out_of_band.clone();
+            Ok(())
+        })
+        .await?;
+        Ok(())
+    }
+
     /// True when the Hardware existed.
     pub async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         let _w = self.write.lock().await;
@@ -505,6 +522,33 @@ impl BmcService {
         if self.store.set_bmc_status(bmc, power, condition).await? {
             self.link.owe(Owed::Machine(bmc.clone()));
         }
+        Ok(())
+    }
+
+    /// Remove annotation `name` from BMC Machine `key` (Rufio's
+    /// `tinkerbell.org/refresh-inventory`, once done).
+    pub async fn remove_machine_annotation(&self, key: &Key, name: &str) -> Result<(), Error> {
+        if let Some(cluster) = self.link.cluster() {
+            cluster
+                .remove_annotation(crate::kinds::Kind::Machine, key, name)
+                .await?;
+            return Ok(());
+        }
+        let Some(row) = self.store.bmc_machine(key).await? else {
+            return Err(Error::NotFound(format!("BMC Machine {key}")));
+        };
+        let mut doc = row.doc;
+        let Some(a) = doc
+            .pointer_mut("/metadata/annotations")
+            .and_then(Value::as_object_mut)
+        else {
+            return Ok(());
+        };
+        if a.remove(name).is_none() {
+            return Ok(());
+        }
+        let parsed = crate::bmc::model::parse(doc)?;
+        self.apply(&[parsed]).await?;
         Ok(())
     }
 

@@ -582,3 +582,55 @@ fn an_iso_the_bmc_cannot_fetch_fails_the_workflow() {
         "{job:#}"
     );
 }
+
+/// Rufio's inventory collection against sushy-emulator: the BMC's system
+/// into the Hardware's `status.attributes.outOfBand`, read at once for a
+/// Machine with `tinkerbell.org/refresh-inventory`, which is then removed.
+#[test]
+fn a_redfish_bmcs_inventory_lands_in_its_hardwares_status() {
+    let sushy = Sushy::start();
+    let d = Daemon::start();
+    let docs = docs(&format!("http://127.0.0.1:{}", sushy.port)).replace(
+        "metadata: {name: bmc-1, namespace: default}",
+        "metadata: {name: bmc-1, namespace: default, annotations: {tinkerbell.org/refresh-inventory: \"true\"}}",
+    );
+    apply_all(&d, &docs);
+    let start = Instant::now();
+    let oob = loop {
+        let hw: Value =
+            serde_json::from_str(&d.cli_ok(&["get", "hardware", "node-1", "-o", "json"])).unwrap();
+        let oob = hw["status"]["attributes"]["outOfBand"].clone();
+        if oob.is_object() {
+            break oob;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "no inventory: {hw:#}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(oob["collectionMethod"], "redfish", "{oob:#}");
+    assert_eq!(oob["product"]["vendor"], "Sushy Emulator", "{oob:#}");
+    assert!(oob["lastUpdated"].is_string(), "{oob:#}");
+    let nics = oob["networkInterfaces"].as_array().map_or(0, Vec::len);
+    assert!(nics >= 1, "sushy's fake system has NICs: {oob:#}");
+    let start = Instant::now();
+    loop {
+        let m: Value =
+            serde_json::from_str(&d.cli_ok(&["get", "machine", "bmc-1", "-o", "json"])).unwrap();
+        if m["metadata"]["annotations"]["tinkerbell.org/refresh-inventory"].is_null() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "refresh annotation kept: {m:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let events = d.cli_ok(&["events", "node-1"]);
+    assert!(
+        events.contains("out-of-band inventory read from BMC default/bmc-1"),
+        "{events}"
+    );
+}

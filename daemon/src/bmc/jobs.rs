@@ -13,10 +13,11 @@ use crate::inventory::Inventory;
 use crate::services::Services;
 use crate::store::Store;
 use crate::store::bmc::{JobRow, State};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use std::time::SystemTime;
 
 /// How often the power state is read again until it shows a power action.
 const SETTLE_EVERY: Duration = Duration::from_secs(1);
@@ -103,6 +104,56 @@ pub fn targets(
             (p, t)
         })
         .collect())
+}
+
+/// How often the inventory collector looks for work, and the longest one
+/// BMC's inventory may take to read.
+const INSPECT_PASS: Duration = Duration::from_secs(15);
+const INSPECT_LIMIT: Duration = Duration::from_secs(120);
+/// Rufio's annotations: on a Machine, read its inventory now; on a
+/// Hardware, never read it.
+pub const REFRESH_INVENTORY: &str = "tinkerbell.org/refresh-inventory";
+pub const DISABLE_INVENTORY: &str = "tinkerbell.org/disable-outofband-inventory";
+
+fn annotation<'a>(doc: &'a Value, name: &str) -> Option<&'a str> {
+    doc.pointer("/metadata/annotations")?.get(name)?.as_str()
+}
+
+/// Whether Hardware `key` (`hw`), whose BMC Machine is `machine`, is to
+/// have its inventory read now, and whether because of the Machine's
+/// refresh annotation.
+fn wants_inventory(
+    machine: &Value,
+    hw: &Value,
+    key: &Key,
+    every: Duration,
+    now: SystemTime,
+) -> Option<bool> {
+    if annotation(hw, DISABLE_INVENTORY) == Some("true") {
+        return None;
+    }
+    let refresh = annotation(machine, REFRESH_INVENTORY) == Some("true");
+    (refresh || inventory_due(hw, key, every, now)).then_some(refresh)
+}
+
+/// Whether Hardware `key` (document `doc`) is due for an inventory read:
+/// never read, or last read more than `every` ago, give or take 10%
+/// chosen by its name.
+fn inventory_due(doc: &Value, key: &Key, every: Duration, now: SystemTime) -> bool {
+    let Some(last) = doc
+        .pointer("/status/attributes/outOfBand/lastUpdated")
+        .and_then(Value::as_str)
+        .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+    else {
+        return true;
+    };
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    // -10% .. +10% of `every`.
+    let permille = (h.finish() % 201) as f64 - 100.0;
+    let wait = every.mul_f64(1.0 + permille / 1000.0);
+    now.duration_since(last).is_ok_and(|age| age >= wait)
 }
 
 /// One action against one protocol.
@@ -555,6 +606,90 @@ impl Runner {
         }
     }
 
+    /// Rufio's inventory collection: for each Hardware whose BMC Machine
+    /// speaks Redfish (its first way), the BMC's inventory into the
+    /// Hardware's `status.attributes.outOfBand`, every `every` (±10%, by
+    /// the Hardware's name, so a rack is not read at once), at the next
+    /// pass when the Machine has `tinkerbell.org/refresh-inventory: "true"`
+    /// (removed once done), never for a Hardware with
+    /// `tinkerbell.org/disable-outofband-inventory: "true"`. When it was
+    /// last read is the status's `lastUpdated`: a restart does not read
+    /// every BMC again.
+    pub async fn inspect(self: Arc<Self>, every: Duration) {
+        let mut tick = tokio::time::interval(INSPECT_PASS);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let machines = match self.store.bmc_machines(None).await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "bmc: cannot list machines to inspect");
+                    continue;
+                }
+            };
+            for row in machines {
+                if crate::kinds::disabled(&row.doc).is_some() {
+                    continue;
+                }
+                let hw = self.hardware_of(&row.key);
+                if hw == row.key {
+                    continue; // no Hardware references this BMC
+                }
+                let doc = match self.store.get(&hw).await {
+                    Ok(Some(d)) => d,
+                    _ => continue,
+                };
+                let Some(refresh) = wants_inventory(&row.doc, &doc, &hw, every, SystemTime::now())
+                else {
+                    continue;
+                };
+                let ways = match self.resolve(Some(&row.key), None, &row.key.namespace).await {
+                    Ok(w) => w,
+                    Err(_) => continue,
+                };
+                let Some((_, target)) = ways.first().filter(|(p, _)| p.name() == "redfish") else {
+                    continue;
+                };
+                let read =
+                    tokio::time::timeout(INSPECT_LIMIT, super::redfish::inventory(target)).await;
+                let oob = match read {
+                    Ok(Ok(r)) => super::inventory::out_of_band(
+                        &r,
+                        &humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+                    ),
+                    Ok(Err(e)) => {
+                        tracing::warn!(bmc = %row.key, error = %e, "bmc: inventory not read");
+                        continue;
+                    }
+                    Err(_) => {
+                        tracing::warn!(bmc = %row.key, "bmc: inventory not read within {INSPECT_LIMIT:?}");
+                        continue;
+                    }
+                };
+                if let Err(e) = self.services.hardware.set_out_of_band(&hw, oob).await {
+                    tracing::warn!(hardware = %hw, error = %e, "bmc: inventory not saved");
+                    continue;
+                }
+                self.events.record(
+                    Event::new(
+                        Kind::BmcInventory,
+                        format!("out-of-band inventory read from BMC {} (redfish)", row.key),
+                    )
+                    .machine(hw.clone()),
+                );
+                if refresh
+                    && let Err(e) = self
+                        .services
+                        .bmc
+                        .remove_machine_annotation(&row.key, REFRESH_INVENTORY)
+                        .await
+                {
+                    tracing::warn!(bmc = %row.key, error = %e, "bmc: refresh annotation not removed");
+                }
+            }
+        }
+    }
+
     fn note(&self, subject: Option<&Key>, a: &Action, power: Option<PowerState>, protocol: &str) {
         let Some(s) = subject else { return };
         let kind = if a.power_action.is_some() {
@@ -622,6 +757,37 @@ impl Runner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inventory_is_read_when_due_refreshed_or_never_when_opted_out() {
+        let key = Key::new("default", "node-1");
+        let day = Duration::from_secs(86400);
+        let now = humantime::parse_rfc3339("2026-11-26T12:00:00Z").unwrap();
+        let read_at =
+            |t: &str| json!({"status": {"attributes": {"outOfBand": {"lastUpdated": t}}}});
+        let m = json!({});
+        assert_eq!(
+            wants_inventory(&m, &json!({}), &key, day, now),
+            Some(false),
+            "never read"
+        );
+        let fresh = read_at("2026-11-26T11:00:00Z");
+        assert_eq!(wants_inventory(&m, &fresh, &key, day, now), None);
+        let old = read_at("2026-11-24T11:00:00Z");
+        assert_eq!(wants_inventory(&m, &old, &key, day, now), Some(false));
+        // Within the +-10% band the answer depends on the name, not on luck.
+        let edge = read_at("2026-11-25T12:00:00Z");
+        let a = wants_inventory(&m, &edge, &key, day, now);
+        assert_eq!(a, wants_inventory(&m, &edge, &key, day, now));
+        let refresh = json!({"metadata": {"annotations": {REFRESH_INVENTORY: "true"}}});
+        assert_eq!(
+            wants_inventory(&refresh, &fresh, &key, day, now),
+            Some(true)
+        );
+        let mut opted_out = old.clone();
+        opted_out["metadata"] = json!({"annotations": {DISABLE_INVENTORY: "true"}});
+        assert_eq!(wants_inventory(&refresh, &opted_out, &key, day, now), None);
+    }
     use crate::bmc::model::{IpmitoolOptions, ProviderOptions, RedfishOptions};
 
     fn conn(host: &str, opts: Option<ProviderOptions>) -> Connection {

@@ -44,6 +44,7 @@ macro_rules! protocol {
     };
 }
 
+pub mod inventory;
 pub mod ipmi;
 pub mod jobs;
 pub mod model;

@@ -82,6 +82,18 @@ pub async fn boot_override(t: &Target) -> Result<(String, String, Option<String>
     result
 }
 
+/// What the BMC says of its system's hardware ([`super::inventory`]): the
+/// ComputerSystem, its Processors, Memory, EthernetInterfaces, the drives
+/// of its Storage (else SimpleStorage devices) and its Bios, read in one
+/// conversation. Only the system must answer; a collection the BMC does
+/// not have (404, 501) is left out.
+pub async fn inventory(t: &Target) -> Result<super::inventory::Read, BmcError> {
+    let (conn, root) = Conn::open(t).await?;
+    let result = conn.inventory(&root).await;
+    conn.close().await;
+    result
+}
+
 /// The `ResetType` for a Rufio power action (`None` for `Status`).
 pub fn reset_type(action: PowerAction) -> Option<&'static str> {
     match action {
@@ -641,6 +653,71 @@ impl<'a> Conn<'a> {
             .map(|p| p.trim_end_matches('/').to_string())
             .unwrap_or(path);
         Ok(System { path, json, etag })
+    }
+
+    /// A resource the BMC may not have: None for any failure.
+    async fn optional(&self, path: &str) -> Option<Value> {
+        match self.get(path).await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::debug!(bmc = %self.origin, path, error = %e, "redfish: not read");
+                None
+            }
+        }
+    }
+
+    /// The members of the collection `sys[key]` links to, each read (at
+    /// most [`super::inventory::MAX_MEMBERS`]).
+    async fn listed(&self, sys: &Value, key: &str) -> Vec<Value> {
+        let Some(coll) = sys
+            .pointer(&format!("/{key}/@odata.id"))
+            .and_then(Value::as_str)
+        else {
+            return vec![];
+        };
+        let Some(c) = self.optional(coll).await else {
+            return vec![];
+        };
+        let mut out = vec![];
+        for m in odata_ids(c.get("Members"))
+            .iter()
+            .take(super::inventory::MAX_MEMBERS)
+        {
+            out.extend(self.optional(m).await);
+        }
+        out
+    }
+
+    async fn inventory(&self, root: &Value) -> Result<super::inventory::Read, BmcError> {
+        let sys = self.system(root).await?.json;
+        let mut drives = vec![];
+        for storage in self.listed(&sys, "Storage").await {
+            for d in odata_ids(storage.get("Drives")) {
+                if drives.len() >= super::inventory::MAX_MEMBERS {
+                    break;
+                }
+                drives.extend(self.optional(&d).await);
+            }
+        }
+        if drives.is_empty() {
+            for s in self.listed(&sys, "SimpleStorage").await {
+                let devices = s.get("Devices").and_then(Value::as_array).cloned();
+                drives.extend(devices.into_iter().flatten());
+            }
+            drives.truncate(super::inventory::MAX_MEMBERS);
+        }
+        let bios = match sys.pointer("/Bios/@odata.id").and_then(Value::as_str) {
+            Some(p) => self.optional(p).await,
+            None => None,
+        };
+        Ok(super::inventory::Read {
+            processors: self.listed(&sys, "Processors").await,
+            memory: self.listed(&sys, "Memory").await,
+            nics: self.listed(&sys, "EthernetInterfaces").await,
+            drives,
+            bios,
+            system: sys,
+        })
     }
 
     /// `@odata.id` of each member of a collection.

@@ -101,6 +101,9 @@ pub enum Kind {
     BmcFailed,
     #[serde(rename = "bmc.power_changed")]
     BmcPowerChanged,
+    /// A BMC's inventory was read into its Hardware's status.
+    #[serde(rename = "bmc.inventory")]
+    BmcInventory,
     #[serde(rename = "workflow.state")]
     WorkflowState,
     #[serde(rename = "workflow.action_started")]
@@ -156,6 +159,7 @@ impl Kind {
             Kind::BmcMedia => "bmc.media",
             Kind::BmcFailed => "bmc.failed",
             Kind::BmcPowerChanged => "bmc.power_changed",
+            Kind::BmcInventory => "bmc.inventory",
             Kind::WorkflowState => "workflow.state",
             Kind::WorkflowActionStarted => "workflow.action_started",
             Kind::WorkflowActionSucceeded => "workflow.action_succeeded",

@@ -511,6 +511,33 @@ impl crate::services::cluster::Cluster for Port {
         }))
     }
 
+    async fn hardware_status(&self, key: &Key, status: &Value) -> Result<(), ClusterError> {
+        self.cluster
+            .apply_status(Kind::Hardware, key, status)
+            .await?;
+        Ok(())
+    }
+
+    async fn remove_annotation(
+        &self,
+        kind: Kind,
+        key: &Key,
+        name: &str,
+    ) -> Result<(), ClusterError> {
+        self.cluster
+            .update(kind, key, |d| {
+                if let Some(a) = d
+                    .pointer_mut("/metadata/annotations")
+                    .and_then(Value::as_object_mut)
+                {
+                    a.remove(name);
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(())
+    }
+
     async fn create(
         &self,
         kind: Kind,

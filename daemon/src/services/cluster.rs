@@ -66,6 +66,18 @@ pub trait Cluster: Send + Sync {
         run: Option<&str>,
     ) -> Result<Option<Copy<MirrorItem>>, ClusterError>;
 
+    /// Set Hardware `key`'s status fields in `status` (the rest of its
+    /// status is left as it is).
+    async fn hardware_status(&self, key: &Key, status: &Value) -> Result<(), ClusterError>;
+
+    /// Remove annotation `name` from object `key` of `kind`.
+    async fn remove_annotation(
+        &self,
+        kind: Kind,
+        key: &Key,
+        name: &str,
+    ) -> Result<(), ClusterError>;
+
     /// Make object `key` of `kind` from `doc` unless one of that name
     /// exists (None): the copy made, as the cluster has it.
     async fn create(
