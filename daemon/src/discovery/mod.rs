@@ -5,6 +5,8 @@
 //! WorkflowRuleSet may enroll it (`rules.rs`). Everything a packet can make
 //! us keep here is bounded.
 
+pub mod pool;
+
 use crate::hardware::Mac;
 use std::str::FromStr;
 
