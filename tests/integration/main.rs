@@ -9,6 +9,7 @@ mod boot;
 mod common;
 mod daemon;
 mod dhcp;
+mod discovery_dhcp;
 mod hardware;
 mod kube;
 mod kube_cli;
