@@ -505,3 +505,38 @@ fn decline_keeps_an_address_out_and_release_frees_it() {
     assert_eq!(r.len(), 1, "{r:?}");
     assert_eq!(yiaddr(&r[0]), released, "{}", r[0]);
 }
+
+/// auto-proxy with `[discovery]` on and a pool set: still no address from
+/// us (a proxy offer, yiaddr 0.0.0.0), and the unknown machine's iPXE
+/// script is the default OSIE.
+#[test]
+fn auto_proxy_gives_no_address_but_serves_the_osie_script() {
+    const MAC: &str = "02:00:00:98:03:01";
+    let mut lab = Lab::new("apx");
+    let client = lab.client("cl", MAC, None);
+    let boot = "[dhcp]\nlisten = \"0.0.0.0:67\"\nmode = \"auto-proxy\"\ninterface = \"br0\"\n\
+                [tftp]\nenabled = false\n[syslog]\nenabled = false\n\
+                [discovery]\nenabled = true\npool = \"10.99.0.100-10.99.0.109\"\n";
+    let d = Daemon::start_setup(Setup {
+        top: "public_ip = \"10.99.0.1\"",
+        boot,
+        netns: Some(&lab.ns),
+        http_listen: Some(HTTP_LISTEN),
+        api_listen: Some(API_LISTEN),
+        ..Setup::default()
+    });
+    let offers = pxe_discover(&client, MAC, None, 1.5);
+    assert_eq!(offers.len(), 1, "{offers:?}\ndaemon log:\n{}", d.log());
+    assert_eq!(msg_type(&offers[0]), OFFER);
+    assert_eq!(offers[0]["yiaddr"], "0.0.0.0", "{}", offers[0]);
+    assert_eq!(offers[0]["file"], "undionly.kpxe", "{}", offers[0]);
+    wait_metric(&d, &replies("dhcp.proxy_offer", "auto-proxy"), 1.0);
+    assert!(leases(&d).is_empty());
+    assert!(!healthz(&d).contains("discovery pool"), "{}", healthz(&d));
+    let o = d.curl(&["-sf", &d.url(&format!("/ipxe/script/{MAC}/auto.ipxe"))]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && text.contains(&format!("worker_id={MAC} hw_addr={MAC}")),
+        "{text}"
+    );
+}
