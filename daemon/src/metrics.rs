@@ -80,6 +80,11 @@ pub struct Metrics {
     /// Kubernetes mode: the longest time between two successful renewals
     /// of one leadership (the Lease lasts 15 s; the leader steps down at 10).
     pub kube_lease_longest_gap_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// The discovery pool's addresses by state: leased, free, declined,
+    /// reserved (by a Hardware); they add up to the pool's size.
+    pub discovery_pool_addresses: Family<StateLabels, Gauge>,
+    /// DISCOVERs of new clients that found no free address.
+    pub discovery_pool_exhausted: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -162,6 +167,8 @@ impl Metrics {
             kube_status_writes: Family::default(),
             kube_lease_renewals: Family::default(),
             kube_lease_longest_gap_seconds: Gauge::default(),
+            discovery_pool_addresses: Family::default(),
+            discovery_pool_exhausted: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -299,6 +306,16 @@ impl Metrics {
             "Workflows that entered a state (PENDING, RUNNING, SUCCESS, ...)",
             m.workflow_states.clone(),
         );
+        registry.register(
+            "discovery_pool_addresses",
+            "Addresses of the discovery pool by state: leased, free, declined, reserved (by a Hardware)",
+            m.discovery_pool_addresses.clone(),
+        );
+        registry.register(
+            "discovery_pool_exhausted",
+            "DISCOVERs of new clients the discovery pool had no free address for",
+            m.discovery_pool_exhausted.clone(),
+        );
         let info = Family::<Vec<(String, String)>, Gauge>::default();
         info.get_or_create(&vec![("version".into(), env!("CARGO_PKG_VERSION").into())])
             .set(1);
@@ -355,6 +372,18 @@ impl Metrics {
         self.boot_requests
             .get_or_create(&BootLabels { what, code })
             .inc();
+    }
+
+    pub fn set_discovery_pool(&self, state: &'static str, n: usize) {
+        self.discovery_pool_addresses
+            .get_or_create(&StateLabels { state })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn discovery_pool(&self, state: &'static str) -> i64 {
+        self.discovery_pool_addresses
+            .get_or_create(&StateLabels { state })
+            .get()
     }
 
     pub fn applied(&self, outcome: ApplyOutcome) {

@@ -331,7 +331,7 @@ async fn listen(app: &Arc<App>, token: Arc<str>) -> anyhow::Result<Running> {
         .await
         .with_context(|| format!("http.listen {}: cannot bind", config.http.listen))?;
     let dhcp_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let dhcp_threads = start_dhcp(app, &dhcp_stop)?;
+    let dhcp_threads = start_dhcp(app, &dhcp_stop).await?;
     let mut udp_tasks = Vec::new();
     if config.tftp.enabled {
         let sock = std::net::UdpSocket::bind(config.tftp.listen)
@@ -505,23 +505,46 @@ async fn serve_tink(
     Ok((handle, task))
 }
 
-/// The DHCP socket threads (none when `dhcp.mode = off`).
-fn start_dhcp(
+/// The DHCP socket threads (none when `dhcp.mode = off`), and the
+/// discovery pool's (joined last: the socket threads hold its channel).
+async fn start_dhcp(
     app: &Arc<App>,
     dhcp_stop: &Arc<std::sync::atomic::AtomicBool>,
 ) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
     let config = &app.config;
     let mut dhcp_threads = Vec::new();
     if config.dhcp.mode != dhcp::Mode::Off {
+        let iface = config.dhcp.interface.as_deref();
+        let sock = dhcp::server::bind(config.dhcp.listen, iface)
+            .with_context(|| format!("dhcp.listen {}: cannot bind", config.dhcp.listen))?;
+        let mut pool_thread = None;
+        let pool = match (
+            config.dhcp.mode,
+            config.discovery.enabled,
+            config.discovery.pool,
+        ) {
+            (dhcp::Mode::Reservation, true, Some(range)) => {
+                let (handoff, thread) =
+                    start_pool(app, range, sock.try_clone()?, dhcp_stop).await?;
+                pool_thread = Some(thread);
+                Some(handoff)
+            }
+            (mode, true, Some(_)) => {
+                tracing::warn!(
+                    mode = mode.as_str(),
+                    "discovery.pool is leased only in dhcp.mode = \"reservation\"; unknown machines get no address from tinkerbox"
+                );
+                None
+            }
+            _ => None,
+        };
         let shell = Arc::new(dhcp::server::Shell {
             inventory: app.inventory.clone(),
             settings: app.dhcp_settings(),
             events: app.events.clone(),
             metrics: app.metrics.clone(),
+            pool,
         });
-        let iface = config.dhcp.interface.as_deref();
-        let sock = dhcp::server::bind(config.dhcp.listen, iface)
-            .with_context(|| format!("dhcp.listen {}: cannot bind", config.dhcp.listen))?;
         // Several threads on one socket: the kernel hands each datagram to
         // one waiting reader (an exclusive wake-up), so they share the work
         // without a thundering herd.
@@ -539,8 +562,43 @@ fn start_dhcp(
                 .with_context(|| format!("dhcp proxy port {addr}: cannot bind"))?;
             dhcp_threads.push(shell.spawn(sock, dhcp::Port::Proxy, dhcp_stop.clone())?);
         }
+        dhcp_threads.extend(pool_thread);
     }
     Ok(dhcp_threads)
+}
+
+/// The discovery pool's thread, its pool loaded from the store (leases and
+/// holds that ended are dropped).
+async fn start_pool(
+    app: &Arc<App>,
+    range: crate::config::PoolRange,
+    sock: std::net::UdpSocket,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+) -> anyhow::Result<(dhcp::discovery::Handoff, std::thread::JoinHandle<()>)> {
+    let d = &app.config.discovery;
+    let now = crate::clock::now_ms();
+    let mut pool = crate::discovery::pool::Pool::new(range, d.lease_time, d.decline_hold);
+    let rows = app
+        .store
+        .load_discovery_pool(now)
+        .await
+        .context("loading the discovery pool's leases")?;
+    tracing::info!(pool = %String::from(range), leases = rows.len(), "discovery pool loaded");
+    pool.load(rows, now);
+    let thread = dhcp::discovery::PoolThread {
+        pool,
+        sock,
+        inventory: app.inventory.clone(),
+        settings: app.dhcp_settings(),
+        pool_settings: dhcp::pool::PoolSettings::from_config(d),
+        store: app.store.clone(),
+        runtime: tokio::runtime::Handle::current(),
+        events: app.events.clone(),
+        metrics: app.metrics.clone(),
+    };
+    thread
+        .spawn(stop.clone())
+        .context("starting the discovery pool thread")
 }
 
 /// Stop serving within one deadline, inside systemd's `TimeoutStopSec=20s`,

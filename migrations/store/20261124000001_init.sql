@@ -128,3 +128,17 @@ CREATE TABLE workflow_agents (
     PRIMARY KEY (agent_id, workflow_id)
 ) WITHOUT ROWID;
 CREATE INDEX workflow_agents_workflow ON workflow_agents (workflow_id);
+
+-- The discovery pool (discovery::pool): one row per address that is leased
+-- to a machine no Hardware names, or that a client DECLINEd (in use on the
+-- wire) and is kept out until `expires_ms`. A lease is written before its
+-- ACK is sent; a RELEASE deletes its row; rows that ended are dropped when
+-- the pool is loaded at start.
+CREATE TABLE discovery_leases (
+    ip          TEXT    PRIMARY KEY,
+    mac         TEXT    NOT NULL,
+    state       TEXT    NOT NULL CHECK (state IN ('leased', 'declined')),
+    expires_ms  INTEGER NOT NULL,
+    updated_ms  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX discovery_leases_mac ON discovery_leases (mac);

@@ -19,20 +19,20 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-const SERVER: &str = "10.99.0.1";
+pub(crate) const SERVER: &str = "10.99.0.1";
 /// The lab network's bridge address, as lab_up wants it.
 /// Fixed inside the lab namespace (nothing else listens there).
 const HTTP_LISTEN: &str = "127.0.0.1:7080";
 const API_LISTEN: &str = "127.0.0.1:7081";
 
 // DHCP message types (RFC 2132 9.6).
-const DISCOVER: u8 = 1;
-const OFFER: u8 = 2;
-const REQUEST: u8 = 3;
-const ACK: u8 = 5;
-const NAK: u8 = 6;
+pub(crate) const DISCOVER: u8 = 1;
+pub(crate) const OFFER: u8 = 2;
+pub(crate) const REQUEST: u8 = 3;
+pub(crate) const ACK: u8 = 5;
+pub(crate) const NAK: u8 = 6;
 
-const PXE_CLASS: &str = "PXEClient:Arch:00000:UNDI:002001";
+pub(crate) const PXE_CLASS: &str = "PXEClient:Arch:00000:UNDI:002001";
 
 // ---------------------------------------------------------------------------
 // Processes: every wait bounded, every process stopped by PID.
@@ -217,7 +217,7 @@ impl Lab {
 // ---------------------------------------------------------------------------
 // Hardware, events, metrics.
 
-fn hardware(name: &str, mac: &str, ip: &str) -> String {
+pub(crate) fn hardware(name: &str, mac: &str, ip: &str) -> String {
     format!(
         "apiVersion: tinkerbell.org/v1alpha1
 kind: Hardware
@@ -283,7 +283,7 @@ fn wait_events(d: &Daemon, name: &str, kinds: &[&str]) -> Vec<Value> {
 /// A counter's value once it reaches `at_least` (the reply counter moves
 /// just after the packet leaves; poll, at most 10 s).
 #[track_caller]
-fn wait_metric(d: &Daemon, series: &str, at_least: f64) -> f64 {
+pub(crate) fn wait_metric(d: &Daemon, series: &str, at_least: f64) -> f64 {
     let mut v = 0.0;
     match poll(Duration::from_secs(10), || {
         v = d.metric(series);
@@ -294,15 +294,15 @@ fn wait_metric(d: &Daemon, series: &str, at_least: f64) -> f64 {
     }
 }
 
-fn requests(kind: &str, mode: &str) -> String {
+pub(crate) fn requests(kind: &str, mode: &str) -> String {
     format!("tinkerbox_dhcp_requests_total{{kind=\"{kind}\",mode=\"{mode}\"}}")
 }
 
-fn replies(kind: &str, mode: &str) -> String {
+pub(crate) fn replies(kind: &str, mode: &str) -> String {
     format!("tinkerbox_dhcp_replies_total{{kind=\"{kind}\",mode=\"{mode}\"}}")
 }
 
-fn ignored(reason: &str) -> String {
+pub(crate) fn ignored(reason: &str) -> String {
     format!("tinkerbox_dhcp_ignored_total{{reason=\"{reason}\"}}")
 }
 
@@ -313,7 +313,7 @@ const REPLY_SECONDS_COUNT: &str = "tinkerbox_dhcp_reply_seconds_count";
 
 /// The variables a DHCP client hook got (lower-case names: `ip`, `opt58`,
 /// `new_ip_address`...), from an `env` dump; the inherited ones are left out.
-fn hook_env(path: &Path) -> std::collections::BTreeMap<String, String> {
+pub(crate) fn hook_env(path: &Path) -> std::collections::BTreeMap<String, String> {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("{}: {e} (the hook did not run)", path.display()));
     text.lines()
@@ -337,7 +337,7 @@ fn udhcpc_script(lab: &Lab) -> PathBuf {
 }
 
 /// busybox udhcpc in `ns`: `-n -q`, `tries` DISCOVERs one second apart.
-fn udhcpc(ns: &str, script: &Path, tries: u32, extra: &[&str]) -> Ran {
+pub(crate) fn udhcpc(ns: &str, script: &Path, tries: u32, extra: &[&str]) -> Ran {
     let mut c = in_ns(ns, "busybox");
     c.args(["udhcpc", "-i", "eth0", "-n", "-q", "-f", "-T", "1"])
         .args(["-t", &tries.to_string(), "-s", script.to_str().unwrap()])
@@ -427,7 +427,7 @@ fn next_xid() -> u32 {
 /// Send one packet from namespace `ns` with the python client (the spec's
 /// xid is filled in); the replies it collected.
 #[track_caller]
-fn py_dhcp(ns: &str, mut spec: Value) -> Vec<Value> {
+pub(crate) fn py_dhcp(ns: &str, mut spec: Value) -> Vec<Value> {
     spec["xid"] = json!(next_xid());
     let wait = spec["wait"].as_f64().unwrap_or(3.0);
     let mut c = in_ns(ns, "python3");
@@ -444,16 +444,16 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// An option for the python client's spec.
-fn opt(code: u8, value: &[u8]) -> Value {
+pub(crate) fn opt(code: u8, value: &[u8]) -> Value {
     json!([code, hex(value)])
 }
 
-fn ip_bytes(ip: &str) -> [u8; 4] {
+pub(crate) fn ip_bytes(ip: &str) -> [u8; 4] {
     ip.parse::<Ipv4Addr>().unwrap().octets()
 }
 
 /// A reply's option `code`, as bytes.
-fn opt_of(reply: &Value, code: u8) -> Option<Vec<u8>> {
+pub(crate) fn opt_of(reply: &Value, code: u8) -> Option<Vec<u8>> {
     let h = reply["options"][code.to_string()].as_str()?;
     (0..h.len())
         .step_by(2)
@@ -461,13 +461,13 @@ fn opt_of(reply: &Value, code: u8) -> Option<Vec<u8>> {
         .collect()
 }
 
-fn msg_type(reply: &Value) -> u8 {
+pub(crate) fn msg_type(reply: &Value) -> u8 {
     opt_of(reply, 53)
         .and_then(|t| t.first().copied())
         .unwrap_or(0)
 }
 
-fn server_id(reply: &Value) -> Option<Ipv4Addr> {
+pub(crate) fn server_id(reply: &Value) -> Option<Ipv4Addr> {
     let b: [u8; 4] = opt_of(reply, 54)?.try_into().ok()?;
     Some(Ipv4Addr::from(b))
 }

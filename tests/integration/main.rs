@@ -10,6 +10,7 @@ mod common;
 mod daemon;
 mod dhcp;
 mod discovery;
+mod discovery_dhcp;
 mod hardware;
 mod kube;
 mod kube_cli;

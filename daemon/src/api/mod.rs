@@ -8,12 +8,13 @@
 //! GET    /api/v1/events[?namespace=NS&name=N&after=ID&limit=N]
 //! ```
 //! BMC documents: [`bmc`]; Templates, Workflows and `POST /api/v1/apply`
-//! (any kind): [`tink`].
+//! (any kind): [`tink`]; the discovery pool's leases: [`discovery`].
 //! Errors are `{"error": "...", "field": "spec.interfaces[0].dhcp.mac"}` with
 //! 400 (bad input), 401 (token), 404, 409 (MAC/IP owned by another
 //! Hardware, with `"conflict": "ns/name"`), 413 (body too large).
 
 pub mod bmc;
+pub mod discovery;
 pub mod tink;
 
 use crate::app::App;
@@ -129,6 +130,7 @@ pub fn router(app: Arc<App>, token: Arc<str>) -> Router {
         .route("/api/v1/events", get(events))
         .merge(bmc::routes())
         .merge(tink::routes())
+        .merge(discovery::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn_with_state(token, auth))

@@ -8,6 +8,8 @@
 //! boot information beside another DHCP server, RFC 4578 / PXE 2.1, known
 //! MACs), `auto-proxy` (proxy for every netboot client), `off`.
 
+pub mod discovery;
+pub mod pool;
 pub mod server;
 
 use crate::events::Kind;
@@ -89,6 +91,13 @@ pub enum Ignore {
     Malformed,
     EncodeFailed,
     SendFailed,
+    // The discovery pool's ([`discovery`]).
+    /// Its thread's queue was full: the request was dropped.
+    PoolBusy,
+    /// No free address for a new client.
+    PoolExhausted,
+    /// The lease could not be committed, so it was not given.
+    StoreFailed,
 }
 
 impl Ignore {
@@ -111,6 +120,9 @@ impl Ignore {
             Ignore::Malformed => "malformed",
             Ignore::EncodeFailed => "encode_failed",
             Ignore::SendFailed => "send_failed",
+            Ignore::PoolBusy => "pool_busy",
+            Ignore::PoolExhausted => "pool_exhausted",
+            Ignore::StoreFailed => "store_failed",
         }
     }
 }
@@ -408,8 +420,16 @@ pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outc
             let asked = requested.or_else(|| Some(req.ciaddr()).filter(|a| !a.is_unspecified()));
             match asked {
                 Some(a) if a == ip => (MessageType::Ack, Kind::DhcpAck),
-                Some(a) => return nak(req, &c, key, format!("requested {a}, reserved {ip}"), s),
-                None => return nak(req, &c, key, "request names no address".into(), s),
+                Some(a) => {
+                    return nak(
+                        req,
+                        &c,
+                        Some(key),
+                        format!("requested {a}, reserved {ip}"),
+                        s,
+                    );
+                }
+                None => return nak(req, &c, Some(key), "request names no address".into(), s),
             }
         }
         MessageType::Inform => (MessageType::Ack, Kind::DhcpInform),
@@ -470,7 +490,7 @@ pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outc
     finish(msg, opts, req, &c, kind, Some(key), fields, Port::Dhcp)
 }
 
-fn nak(req: &Message, c: &Client, key: Key, why: String, s: &Settings) -> Outcome {
+fn nak(req: &Message, c: &Client, key: Option<Key>, why: String, s: &Settings) -> Outcome {
     let mut msg = Message::default();
     msg.set_opcode(Opcode::BootReply)
         .set_htype(req.htype())
@@ -499,7 +519,7 @@ fn nak(req: &Message, c: &Client, key: Key, why: String, s: &Settings) -> Outcom
         msg,
         dest,
         kind: Kind::DhcpNak,
-        machine: Some(key),
+        machine: key,
         mac: c.mac,
         fields: Fields::Nak {
             reason: why,

@@ -11,7 +11,7 @@
 //! and the answer could wait behind whatever task shared its worker
 //! (measured: BENCHMARKS.md).
 
-use super::{Dest, Ignore, Outcome, Port, Settings, respond};
+use super::{Dest, Ignore, Outcome, Port, Reply, Settings, respond};
 use crate::events::{Event, EventSink};
 use crate::inventory::Inventory;
 use crate::metrics::Metrics;
@@ -68,6 +68,8 @@ pub struct Shell {
     pub settings: Settings,
     pub events: EventSink,
     pub metrics: Arc<Metrics>,
+    /// Reservation mode with a discovery pool: where unknown MACs go.
+    pub pool: Option<super::discovery::Handoff>,
 }
 
 impl Shell {
@@ -140,6 +142,21 @@ impl Shell {
             .dhcp_request(req_type, self.settings.mode.as_str());
         let snap = self.inventory.snapshot();
         match respond(&req, port, &snap, &self.settings) {
+            Outcome::Ignore(Ignore::UnknownMac)
+                if port == Port::Dhcp
+                    && self.settings.mode == super::Mode::Reservation
+                    && self.pool.is_some() =>
+            {
+                // Unknown MAC, a pool to lease from: its own thread decides,
+                // so the pool's work never holds up the known hosts here.
+                if let Some(pool) = &self.pool
+                    && !pool.submit(req, src, ifindex)
+                {
+                    self.metrics.dhcp_ignored(Ignore::PoolBusy.as_str());
+                    tracing::debug!(%src, "dhcp: discovery pool busy, request dropped");
+                }
+                false
+            }
             Outcome::Ignore(why) => {
                 self.metrics.dhcp_ignored(why.as_str());
                 tracing::debug!(%src, reason = why.as_str(), "dhcp: not answered");
@@ -155,59 +172,80 @@ impl Shell {
                     .record(Event::new(kind, message).machine(machine).mac(mac));
                 false
             }
-            Outcome::Reply(mut r) => {
-                let to = match r.dest {
-                    Dest::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, super::CLIENT_PORT),
-                    Dest::Relay(g) => SocketAddrV4::new(g, super::SERVER_PORT),
-                    Dest::Client(c) => SocketAddrV4::new(c, super::CLIENT_PORT),
-                    Dest::Source => match src {
-                        SocketAddr::V4(a) => a,
-                        SocketAddr::V6(_) => return false,
-                    },
-                };
-                // Only a broadcast needs the interface named: unicast
-                // follows the routing table to the relay or the client.
-                let via = if r.dest == Dest::Broadcast {
-                    ifindex
-                } else {
-                    None
-                };
-                let encoded = match r.wire.take() {
-                    Some(b) => Ok(b),
-                    None => super::encode(&r.msg),
-                };
-                let bytes = match encoded {
-                    Ok(b) => b,
-                    Err(e) => {
-                        self.metrics.dhcp_ignored(Ignore::EncodeFailed.as_str());
-                        tracing::error!(error = %e, mac = %r.mac, "dhcp: cannot encode reply");
-                        return false;
-                    }
-                };
-                if let Err(e) = send(sock, &bytes, to, via) {
-                    self.metrics.dhcp_ignored(Ignore::SendFailed.as_str());
-                    tracing::warn!(error = %e, %to, "dhcp: send failed");
-                    return false;
-                }
-                self.metrics
-                    .dhcp_reply(r.kind.as_str(), self.settings.mode.as_str());
-                let mut e = Event::new(
-                    r.kind,
-                    reply_message(r.kind.as_str(), to, r.fields.boot_file()),
-                )
-                .mac(r.mac)
-                .fields(&r.fields);
-                if !r.msg.yiaddr().is_unspecified() {
-                    e = e.ip(std::net::IpAddr::V4(r.msg.yiaddr()));
-                }
-                if let Some(k) = r.machine {
-                    e = e.machine(k);
-                }
-                self.events.record(e);
-                true
-            }
+            Outcome::Reply(r) => deliver(
+                sock,
+                r,
+                src,
+                ifindex,
+                &self.metrics,
+                &self.events,
+                self.settings.mode,
+            ),
         }
     }
+}
+
+/// Send a reply where `r.dest` says (a broadcast through the interface the
+/// request came in on, `ifindex`), then count it and record its event.
+/// True when it was sent. Shared by the socket threads and the discovery
+/// pool's.
+pub(super) fn deliver(
+    sock: &UdpSocket,
+    mut r: Box<Reply>,
+    src: SocketAddr,
+    ifindex: Option<u32>,
+    metrics: &Metrics,
+    events: &EventSink,
+    mode: super::Mode,
+) -> bool {
+    let to = match r.dest {
+        Dest::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, super::CLIENT_PORT),
+        Dest::Relay(g) => SocketAddrV4::new(g, super::SERVER_PORT),
+        Dest::Client(c) => SocketAddrV4::new(c, super::CLIENT_PORT),
+        Dest::Source => match src {
+            SocketAddr::V4(a) => a,
+            SocketAddr::V6(_) => return false,
+        },
+    };
+    // Only a broadcast needs the interface named: unicast
+    // follows the routing table to the relay or the client.
+    let via = if r.dest == Dest::Broadcast {
+        ifindex
+    } else {
+        None
+    };
+    let encoded = match r.wire.take() {
+        Some(b) => Ok(b),
+        None => super::encode(&r.msg),
+    };
+    let bytes = match encoded {
+        Ok(b) => b,
+        Err(e) => {
+            metrics.dhcp_ignored(Ignore::EncodeFailed.as_str());
+            tracing::error!(error = %e, mac = %r.mac, "dhcp: cannot encode reply");
+            return false;
+        }
+    };
+    if let Err(e) = send(sock, &bytes, to, via) {
+        metrics.dhcp_ignored(Ignore::SendFailed.as_str());
+        tracing::warn!(error = %e, %to, "dhcp: send failed");
+        return false;
+    }
+    metrics.dhcp_reply(r.kind.as_str(), mode.as_str());
+    let mut e = Event::new(
+        r.kind,
+        reply_message(r.kind.as_str(), to, r.fields.boot_file()),
+    )
+    .mac(r.mac)
+    .fields(&r.fields);
+    if !r.msg.yiaddr().is_unspecified() {
+        e = e.ip(std::net::IpAddr::V4(r.msg.yiaddr()));
+    }
+    if let Some(k) = r.machine {
+        e = e.machine(k);
+    }
+    events.record(e);
+    true
 }
 
 // std's UdpSocket has no sendmsg with control messages; nix's safe wrapper has.

@@ -6,6 +6,7 @@
 //! us keep here is bounded.
 
 pub mod hardware;
+pub mod pool;
 pub mod rules;
 
 use crate::hardware::Mac;

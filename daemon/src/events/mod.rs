@@ -73,6 +73,14 @@ pub enum Kind {
     DhcpProxyOffer,
     #[serde(rename = "dhcp.proxy_ack")]
     DhcpProxyAck,
+    /// A machine no Hardware names took (or moved to) an address of the
+    /// discovery pool.
+    #[serde(rename = "discovery.lease")]
+    DiscoveryLease,
+    /// The discovery pool had no address for a new client (recorded at
+    /// most once a minute).
+    #[serde(rename = "discovery.exhausted")]
+    DiscoveryExhausted,
     #[serde(rename = "tftp.sent")]
     TftpSent,
     #[serde(rename = "tftp.aborted")]
@@ -145,6 +153,8 @@ impl Kind {
             Kind::DhcpDecline => "dhcp.decline",
             Kind::DhcpProxyOffer => "dhcp.proxy_offer",
             Kind::DhcpProxyAck => "dhcp.proxy_ack",
+            Kind::DiscoveryLease => "discovery.lease",
+            Kind::DiscoveryExhausted => "discovery.exhausted",
             Kind::TftpSent => "tftp.sent",
             Kind::TftpAborted => "tftp.aborted",
             Kind::TftpRefused => "tftp.refused",

@@ -15,7 +15,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_http::services::ServeDir;
@@ -101,7 +101,14 @@ async fn healthz(State(app): State<Arc<App>>) -> impl IntoResponse {
                 };
                 format!("{mirror}kube: {role}\n")
             });
-            (StatusCode::OK, format!("ok\n{}", kube.unwrap_or_default()))
+            (
+                StatusCode::OK,
+                format!(
+                    "ok\n{}{}",
+                    kube.unwrap_or_default(),
+                    discovery_health(&app).unwrap_or_default()
+                ),
+            )
         }
         Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}\n")),
         Err(_) => (
@@ -109,6 +116,27 @@ async fn healthz(State(app): State<Arc<App>>) -> impl IntoResponse {
             "store: no answer within 1s\n".into(),
         ),
     }
+}
+
+/// The discovery pool's line (and a warning when it has no free address)
+/// when DHCP leases from it. An exhausted pool is reported, not unhealthy:
+/// every known machine is still served.
+fn discovery_health(app: &App) -> Option<String> {
+    let (c, d) = (&app.config, &app.config.discovery);
+    let range = d
+        .pool
+        .filter(|_| d.enabled && c.dhcp.mode == crate::dhcp::Mode::Reservation)?;
+    let m = &app.metrics;
+    let leased = m.discovery_pool("leased");
+    let mut out = format!("discovery pool: {leased} of {} leased\n", range.size());
+    if m.discovery_pool("free") == 0 {
+        out.push_str(&format!(
+            "warning: discovery pool exhausted: no free address for a new machine ({} declined, {} reserved by Hardware)\n",
+            m.discovery_pool("declined"),
+            m.discovery_pool("reserved"),
+        ));
+    }
+    Some(out)
 }
 
 async fn metrics_text(State(app): State<Arc<App>>) -> impl IntoResponse {
@@ -138,8 +166,32 @@ async fn script_by_mac(
     let snap = app.inventory.snapshot();
     match snap.by_mac(&mac) {
         Some((m, iface)) => serve_script(&app, peer, m, iface),
+        None if serves_unknown(&app) => serve_discovery_script(&app, peer, mac),
         None => not_found(&app, "script", format!("no Hardware has MAC {mac}")),
     }
+}
+
+/// Whether a MAC no Hardware has gets the default OSIE script: with
+/// discovery on (any DHCP mode), or in auto-proxy mode, which boots every
+/// netboot client.
+fn serves_unknown(app: &App) -> bool {
+    app.config.discovery.enabled || app.config.dhcp.mode == crate::dhcp::Mode::AutoProxy
+}
+
+/// The default OSIE script for a MAC no Hardware has (Smee's static one).
+fn serve_discovery_script(app: &App, peer: SocketAddr, mac: Mac) -> Response {
+    let ip = peer.ip().to_canonical();
+    let text = ipxe::discovery_script(mac, &app.script_settings());
+    app.metrics.boot("script", 200);
+    app.events.record(
+        Event::new(
+            Kind::IpxeScript,
+            format!("iPXE script sent to {ip} (no Hardware: the default OSIE)"),
+        )
+        .mac(mac)
+        .ip(ip),
+    );
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
 }
 
 /// `/auto.ipxe`: the interface whose Hardware has the caller's IP.
@@ -149,10 +201,24 @@ async fn script_by_ip(
 ) -> Response {
     let ip = peer.ip().to_canonical();
     let snap = app.inventory.snapshot();
-    match snap.by_ip(&ip) {
-        Some((m, iface)) => serve_script(&app, peer, m, iface),
-        None => not_found(&app, "script", format!("no Hardware has IP {ip}")),
+    if let Some((m, iface)) = snap.by_ip(&ip) {
+        return serve_script(&app, peer, m, iface);
     }
+    // A machine with a pool address: its lease names its MAC.
+    if app.config.discovery.enabled
+        && let IpAddr::V4(v4) = ip
+    {
+        match app
+            .store
+            .discovery_lease_by_ip(v4, crate::clock::now_ms())
+            .await
+        {
+            Ok(Some(lease)) => return serve_discovery_script(&app, peer, lease.mac),
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, %ip, "http: discovery lease lookup failed"),
+        }
+    }
+    not_found(&app, "script", format!("no Hardware has IP {ip}"))
 }
 
 fn serve_script(app: &App, peer: SocketAddr, m: &Machine, iface: &Interface) -> Response {

@@ -82,21 +82,6 @@ pub fn script(m: &Machine, iface: &Interface, s: &ScriptSettings) -> Result<Stri
 
 fn osie_script(m: &Machine, mac: Mac, iface: &Interface, s: &ScriptSettings) -> String {
     let extra = iface.extra();
-    let base = extra
-        .osie_base_url
-        .as_deref()
-        .map(|b| param_safe(b.trim_end_matches('/')))
-        .unwrap_or_else(|| format!("{}/artifacts", s.http_base));
-    let kernel = extra
-        .osie_kernel
-        .as_deref()
-        .map(param_safe)
-        .unwrap_or_else(|| "vmlinuz-${arch}".into());
-    let initrd = extra
-        .osie_initrd
-        .as_deref()
-        .map(param_safe)
-        .unwrap_or_else(|| "initramfs-${arch}".into());
     let facility = m
         .details()
         .metadata
@@ -104,14 +89,80 @@ fn osie_script(m: &Machine, mac: Mac, iface: &Interface, s: &ScriptSettings) -> 
         .and_then(|f| f.facility_code)
         .map(|f| param_safe(&f))
         .unwrap_or_default();
-    let worker_id = m
-        .agent_id
-        .as_deref()
+    let key = m.key.to_string();
+    osie(
+        &Osie {
+            label: &key,
+            mac,
+            base_url: extra.osie_base_url.as_deref(),
+            kernel: extra.osie_kernel.as_deref(),
+            initrd: extra.osie_initrd.as_deref(),
+            facility: &facility,
+            worker_id: m.agent_id.as_deref(),
+            vlan_id: extra.vlan_id.as_deref(),
+            kernel_params: &extra.osie_kernel_params,
+        },
+        s,
+    )
+}
+
+/// The default OSIE script for a MAC no Hardware has (discovery, or
+/// auto-proxy): Smee's static script, `worker_id` and `hw_addr` the MAC.
+pub fn discovery_script(mac: Mac, s: &ScriptSettings) -> String {
+    osie(
+        &Osie {
+            label: "an unknown machine",
+            mac,
+            base_url: None,
+            kernel: None,
+            initrd: None,
+            facility: "",
+            worker_id: None,
+            vlan_id: None,
+            kernel_params: &[],
+        },
+        s,
+    )
+}
+
+/// What the OSIE script takes from a Hardware; every value is made
+/// [`param_safe`] here.
+struct Osie<'a> {
+    /// Who the script is for, in its comment and echo line.
+    label: &'a str,
+    mac: Mac,
+    base_url: Option<&'a str>,
+    kernel: Option<&'a str>,
+    initrd: Option<&'a str>,
+    /// Already `param_safe`.
+    facility: &'a str,
+    /// Unset: the MAC.
+    worker_id: Option<&'a str>,
+    vlan_id: Option<&'a str>,
+    kernel_params: &'a [Box<str>],
+}
+
+fn osie(o: &Osie, s: &ScriptSettings) -> String {
+    let mac = o.mac;
+    let base = o
+        .base_url
+        .map(|b| param_safe(b.trim_end_matches('/')))
+        .unwrap_or_else(|| format!("{}/artifacts", s.http_base));
+    let kernel = o
+        .kernel
+        .map(param_safe)
+        .unwrap_or_else(|| "vmlinuz-${arch}".into());
+    let initrd = o
+        .initrd
+        .map(param_safe)
+        .unwrap_or_else(|| "initramfs-${arch}".into());
+    let facility = o.facility;
+    let worker_id = o
+        .worker_id
         .map(param_safe)
         .unwrap_or_else(|| mac.to_string());
-    let vlan = extra
+    let vlan = o
         .vlan_id
-        .as_deref()
         .map(|v| format!(" vlan_id={}", param_safe(v)))
         .unwrap_or_default();
     let mut params = format!(
@@ -124,7 +175,7 @@ fn osie_script(m: &Machine, mac: Mac, iface: &Interface, s: &ScriptSettings) -> 
         .extra_kernel_args
         .iter()
         .map(String::as_str)
-        .chain(extra.osie_kernel_params.iter().map(|p| &**p))
+        .chain(o.kernel_params.iter().map(|p| &**p))
     {
         let p = param_safe(p);
         if !p.is_empty() {
@@ -132,14 +183,13 @@ fn osie_script(m: &Machine, mac: Mac, iface: &Interface, s: &ScriptSettings) -> 
             params.push_str(&p);
         }
     }
-    let key = m.key.to_string();
     let mac = mac.to_string();
     let retries = RETRIES.to_string();
     let delay = RETRY_DELAY.to_string();
     render(
         OSIE_TEMPLATE,
         &[
-            ("machine", &key),
+            ("machine", o.label),
             ("mac", &mac),
             ("base_url", &base),
             ("kernel", &kernel),
@@ -311,6 +361,18 @@ mod tests {
             assert!(!kernel.contains('#') && !kernel.contains('\\'), "{kernel}");
             assert_eq!(separators(&s), separators(&plain), "{p:?}: {kernel}");
         }
+    }
+
+    #[test]
+    fn an_unknown_machine_gets_the_default_osie_script_by_its_mac() {
+        let s = discovery_script("52:54:00:00:00:09".parse().unwrap(), &settings());
+        assert!(s.starts_with("#!ipxe\n"));
+        assert!(!s.contains("{{"), "{s}");
+        assert!(s.contains("# tinkerbox: OSIE for an unknown machine (52:54:00:00:00:09)"));
+        assert!(s.contains(
+            "kernel ${base-url}/vmlinuz-${arch} facility= syslog_host=10.99.0.1 grpc_authority=10.99.0.1:42113 tinkerbell_tls=false worker_id=52:54:00:00:00:09 hw_addr=52:54:00:00:00:09 modules=loop,squashfs,sd-mod,usb-storage initrd=initramfs-${arch} console=ttyS0,115200 && goto download_initrd"
+        ), "{s}");
+        assert!(s.contains("set base-url http://10.99.0.1:7080/artifacts\n"));
     }
 
     #[test]

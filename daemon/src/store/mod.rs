@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod bmc;
+pub mod leases;
 pub mod mirror;
 pub mod workflow;
 
