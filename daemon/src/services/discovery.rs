@@ -8,7 +8,7 @@
 
 use super::{Error, Mirrored, Refusals, Services, WorkerError};
 use crate::config::DiscoveryConfig;
-use crate::discovery::hardware::{self as found, DISCOVERED_LABEL, Found};
+use crate::discovery::hardware::{self as found, DISCOVERED_LABEL, Found, Reservation};
 use crate::discovery::rules::{self, Enrolling};
 use crate::events::{Event, Kind as EventKind};
 use crate::hardware::{Hardware, Key, Mac};
@@ -201,6 +201,7 @@ impl Services {
         }
         let empty = Value::Object(Default::default());
         let attrs = attributes.unwrap_or(&empty);
+        let reservation = self.pool_reservation(agent, attrs).await;
         let snap = self.hardware.inventory.snapshot();
         let taken = |m: &Mac| snap.by_mac(m).is_some();
         let hw = match found::document(&Found {
@@ -208,7 +209,7 @@ impl Services {
             attributes: attrs,
             namespace: &d.cfg.namespace,
             enroll: d.cfg.enroll,
-            reservation: None,
+            reservation,
             taken: &taken,
         }) {
             Ok(hw) => hw,
@@ -244,6 +245,39 @@ impl Services {
                 None
             }
         }
+    }
+
+    /// The pool address the agent's machine holds (under its id as a MAC,
+    /// or any of its NICs' MACs), to become its Hardware's reservation.
+    async fn pool_reservation(&self, agent: &str, attrs: &Value) -> Option<Reservation> {
+        let cfg = &self.discovery.cfg;
+        let netmask = cfg.pool_netmask()?;
+        let nics = attrs
+            .get("networkInterfaces")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.get("mac")?.as_str()?.parse::<Mac>().ok());
+        let mut macs: Vec<Mac> = agent.parse().ok().into_iter().chain(nics).collect();
+        macs.dedup();
+        let now = crate::clock::now_ms();
+        for mac in macs.into_iter().take(32) {
+            match self.hardware.store.discovery_lease(mac).await {
+                Ok(Some(l)) if l.expires_ms > now => {
+                    return Some(Reservation {
+                        mac,
+                        ip: l.ip,
+                        netmask,
+                        gateway: cfg.gateway,
+                        dns: cfg.dns.clone(),
+                        lease_seconds: u32::try_from(cfg.lease_time.as_secs()).unwrap_or(u32::MAX),
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(agent, error = %e, "discovery: cannot read the pool's leases"),
+            }
+        }
+        None
     }
 
     /// Make a discovered Hardware where Hardware lives: the cluster, or the
