@@ -83,6 +83,11 @@ def check(rows):
         elif sec == "kube-ha" and (not r.get("requests_per_status_write") or not (r.get("lease") or {}).get("renewals_ok")
                                    or r.get("succeeded") != r.get("agents")):
             bad.append(r)
+        elif sec == "discovery" and (not ((r.get("quiet") or {}).get("lat_ms") or {}).get("p99")
+                                     or not ((r.get("flood") or {}).get("lat_ms") or {}).get("p99")
+                                     or not (r.get("discover") or {}).get("per_s")
+                                     or r.get("discovered") != (r.get("discover") or {}).get("agents")):
+            bad.append(r)
         elif sec == "install" and (r.get("syslog_s") is None or not r.get("image2disk_mb_s")
                                     or (r["config"].startswith("ref-") and not r.get("ref_mb_s"))):
             bad.append(r)
@@ -341,6 +346,19 @@ def main():
             ms = r.get("report_ms") or {}
             add(f"kube HA: agent report, p50 / p99 / max ms ({r.get('reports')} reports, half forwarded)",
                 f"{ms.get('p50')} / {ms.get('p99')} / {ms.get('max')}", "-", None, None)
+    for r in rows:
+        if r["section"] == "discovery":
+            q = (r.get("quiet") or {}).get("lat_ms") or {}
+            f = (r.get("flood") or {}).get("lat_ms") or {}
+            rate = (r.get("quiet") or {}).get("target")
+            add(f"discovery: known-host DHCP p99 ms at {rate}/s ({r['config']} hosts), quiet / under "
+                f"{r.get('flood_discovers_sent')} unknown DISCOVERs (pool_busy {r.get('pool_busy'):.0f})",
+                f"{q.get('p99')} / {f.get('p99')}", "-", None, None, "unchanged within noise",
+                q.get("p99") is not None and f.get("p99") is not None and f["p99"] <= max(2 * q["p99"], q["p99"] + 0.5))
+            d = r.get("discover") or {}
+            ms = d.get("lat_ms") or {}
+            add(f"discovery: agents discovered per second over gRPC ({d.get('agents')} agents, {d.get('threads')} at once; "
+                f"GetAction p50/p99 {ms.get('p50')}/{ms.get('p99')} ms)", d.get("per_s"), "-", None, None)
     for r in rows:
         if r["section"] == "dhcp-ready":
             add(f"{r['server']} ready with {r['config']} hosts: s / RSS MiB", "-", r["server"],
