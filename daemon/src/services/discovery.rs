@@ -35,7 +35,14 @@ pub struct Discovery {
     /// Enrollment's refusals by agent, at the workflow generation they
     /// were derived at (a WorkflowRuleSet change bumps it).
     refusals: std::sync::Mutex<Refusals>,
+    /// The discovered Hardware counted in the store (a scan of every
+    /// document), and when: counted again after [`COUNT_FOR`], and one
+    /// more for each Hardware made meanwhile. Held under `write`.
+    counted: std::sync::Mutex<Option<(tokio::time::Instant, usize)>>,
 }
+
+/// How long a count of the discovered Hardware is used.
+const COUNT_FOR: Duration = Duration::from_secs(5);
 
 impl Discovery {
     pub fn new(cfg: DiscoveryConfig) -> Self {
@@ -44,6 +51,7 @@ impl Discovery {
             window: Default::default(),
             write: Default::default(),
             refusals: Default::default(),
+            counted: Default::default(),
         }
     }
 
@@ -181,7 +189,7 @@ impl Services {
         if let Some(k) = self.hardware_of(agent) {
             return Some(k);
         }
-        match self.hardware.store.count_discovered().await {
+        match self.discovered_count().await {
             Ok(n) if n >= d.cfg.max_hardware => {
                 outcome(Discovered::AtCap);
                 self.hardware.events.record(Event::new(
@@ -222,6 +230,14 @@ impl Services {
         let key = hw.machine.key.clone();
         match self.create_hardware(hw).await {
             Ok(()) => {
+                if let Some((_, n)) = d
+                    .counted
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_mut()
+                {
+                    *n += 1;
+                }
                 outcome(Discovered::Created);
                 self.hardware.events.record(
                     Event::new(
@@ -245,6 +261,28 @@ impl Services {
                 None
             }
         }
+    }
+
+    /// How many discovered Hardware there are: the store counted at most
+    /// every [`COUNT_FOR`] (a flood of new agents does not scan every
+    /// document each), plus what was made since.
+    async fn discovered_count(&self) -> Result<usize, crate::store::StoreError> {
+        let now = tokio::time::Instant::now();
+        let cached = *self
+            .discovery
+            .counted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some((_, n)) = cached.filter(|(at, _)| now.duration_since(*at) < COUNT_FOR) {
+            return Ok(n);
+        }
+        let n = self.hardware.store.count_discovered().await?;
+        *self
+            .discovery
+            .counted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((now, n));
+        Ok(n)
     }
 
     /// The pool address the agent's machine holds (under its id as a MAC,
