@@ -676,6 +676,19 @@ impl Config {
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return bad("log.level", &e.to_string());
         }
+        if self.kube.enabled
+            && self.discovery.enabled
+            && !self.kube.namespace.is_empty()
+            && self.discovery.namespace != self.kube.namespace
+        {
+            return bad(
+                "discovery.namespace",
+                &format!(
+                    "{:?}: discovered Hardware would be made where it is not mirrored (kube.namespace is {:?}); set it to that",
+                    self.discovery.namespace, self.kube.namespace
+                ),
+            );
+        }
         self.discovery.check().map_err(ConfigError::Invalid)
     }
 
@@ -884,6 +897,33 @@ mod tests {
     /// The package's /etc/tinkerbox/tinkerbox.toml shows the defaults as
     /// `#key = value`: as shipped it sets nothing, and with every such line
     /// uncommented it is still exactly the defaults (so it stays true).
+    #[test]
+    fn discovery_is_checked() {
+        let e = |body: &str| load(body, &[], &[]).unwrap_err().to_string();
+        assert!(e("[discovery]\npool = \"10.0.0.9-10.0.0.1\"\n").contains("comes before"));
+        assert!(e("[discovery]\npool = \"10.0.0.0-10.1.0.0\"\n").contains("at most 65536"));
+        assert!(
+            e("[discovery]\npool = \"10.0.0.1-10.0.1.9\"\nnetmask = \"255.255.255.0\"\n")
+                .contains("not in one subnet")
+        );
+        assert!(e("[discovery]\nmac_patterns = [\"52:54\"]\n").contains("not a MAC pattern"));
+        assert!(
+            e("[kube]\nenabled = true\nnamespace = \"tink\"\n[discovery]\nenabled = true\n")
+                .contains("discovery.namespace")
+        );
+        let c = load(
+            "[discovery]\nenabled = true\npool = \"10.0.0.100-10.0.0.199\"\n",
+            &[],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            c.discovery.pool_netmask(),
+            Some(Ipv4Addr::new(255, 255, 255, 0))
+        );
+        assert_eq!(c.discovery.pool.unwrap().size(), 100);
+    }
+
     #[test]
     fn the_packaged_config_file_shows_the_defaults() {
         let shipped = include_str!("../../systemd/tinkerbox.toml");

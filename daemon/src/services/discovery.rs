@@ -230,12 +230,7 @@ impl Services {
         let key = hw.machine.key.clone();
         match self.create_hardware(hw).await {
             Ok(()) => {
-                if let Some((_, n)) = d
-                    .counted
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .as_mut()
-                {
+                if let Some((_, n)) = d.counted.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
                     *n += 1;
                 }
                 outcome(Discovered::Created);
@@ -312,7 +307,9 @@ impl Services {
                     });
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(agent, error = %e, "discovery: cannot read the pool's leases"),
+                Err(e) => {
+                    tracing::warn!(agent, error = %e, "discovery: cannot read the pool's leases")
+                }
             }
         }
         None
