@@ -851,6 +851,13 @@ fn native_roles_run_the_clusters_workflow_and_write_everything_there() {
         sent, powers,
         "power actions in the Job: {powers}, sent: {sent}"
     );
+    // Rufio's inventory collection: the Redfish BMC's system, written to
+    // the Hardware's status in the cluster (its schema keeps it).
+    until(40, "the out-of-band inventory in the cluster", &d, || {
+        cluster_get(&cluster, "hardware", "node-1")["status"]["attributes"]["outOfBand"]["product"]
+            ["vendor"]
+            == "Sushy Emulator"
+    });
 }
 
 pub(crate) fn healthz(d: &Daemon) -> String {

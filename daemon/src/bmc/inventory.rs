@@ -70,7 +70,7 @@ pub fn out_of_band(r: &Read, at: &str) -> Value {
                 ("cores", n(p, "TotalCores")),
                 ("threads", n(p, "TotalThreads")),
                 ("clockSpeedMHz", n(p, "MaxSpeedMHz")),
-                ("status", status(p)),
+                ("serialNumber", s(p, "SerialNumber")),
             ])
         })
         .collect();
@@ -110,7 +110,7 @@ pub fn out_of_band(r: &Read, at: &str) -> Value {
                         .map(Value::from),
                 ),
                 ("speedMHz", n(m, "OperatingSpeedMhz")),
-                ("status", status(m)),
+                ("model", s(m, "MemoryDeviceType")),
             ])
         })
         .collect();
@@ -267,6 +267,55 @@ mod tests {
         assert_eq!(o["product"]["vendor"], "Contoso");
         assert_eq!(o["product"]["serialNumber"], "437XR1138R2");
         assert_eq!(o["product"]["status"]["health"], "OK");
+    }
+
+    /// Every field written is one the Hardware CRD's schema has (the API
+    /// server would prune the others without a word).
+    #[test]
+    fn every_field_is_in_the_crds_schema() {
+        let crd = crate::kube::crds::embedded()
+            .unwrap()
+            .into_iter()
+            .find(|c| c.name == "hardware.tinkerbell.org")
+            .unwrap();
+        let schema = &crd.doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"]["attributes"]["properties"]["outOfBand"];
+        fn walk(v: &Value, schema: &Value, path: &str) {
+            match v {
+                Value::Object(m) => {
+                    for (k, x) in m {
+                        let sub = &schema["properties"][k];
+                        assert!(sub.is_object(), "{path}.{k} is not in the CRD's schema");
+                        walk(x, sub, &format!("{path}.{k}"));
+                    }
+                }
+                Value::Array(a) => a.iter().for_each(|x| walk(x, &schema["items"], path)),
+                Value::String(_) => assert_eq!(schema["type"], "string", "{path}"),
+                Value::Number(_) => assert_eq!(schema["type"], "integer", "{path}"),
+                _ => {}
+            }
+        }
+        let r = Read {
+            system: json!({"Name": "n", "Manufacturer": "m", "Model": "x", "SKU": "s", "SerialNumber": "1",
+                "BiosVersion": "b", "MemorySummary": {"TotalSystemMemoryGiB": 1}, "Status": {"State": "Enabled", "Health": "OK"}}),
+            processors: vec![
+                json!({"Socket": "CPU 1", "Manufacturer": "i", "Model": "m", "TotalCores": 2,
+                "TotalThreads": 4, "MaxSpeedMHz": 1, "SerialNumber": "s", "Status": {"Health": "OK"}}),
+            ],
+            memory: vec![
+                json!({"DeviceLocator": "A", "CapacityMiB": 1, "Manufacturer": "m", "SerialNumber": "s",
+                "PartNumber": "p", "OperatingSpeedMhz": 1, "MemoryDeviceType": "DDR4", "Status": {"Health": "OK"}}),
+            ],
+            drives: vec![
+                json!({"Name": "d", "Manufacturer": "m", "Model": "x", "SerialNumber": "s", "MediaType": "SSD",
+                "Protocol": "NVMe", "CapacityBytes": 1, "Revision": "r", "Status": {"Health": "OK", "State": "Enabled"}}),
+            ],
+            nics: vec![
+                json!({"Id": "1", "Name": "n", "MACAddress": "AA:BB:CC:DD:EE:FF", "SpeedMbps": 1, "LinkStatus": "LinkUp"}),
+            ],
+            bios: Some(json!({"Attributes": {"SystemManufacturer": "v"}})),
+        };
+        walk(&out_of_band(&r, "t"), schema, "outOfBand");
     }
 
     /// sushy's fake driver: a name, a manufacturer, NICs, nothing else.
