@@ -315,17 +315,7 @@ pub enum Doc {
     },
 }
 
-fn typed<T: serde::de::DeserializeOwned>(v: &Value, prefix: &str) -> Result<T, FieldError> {
-    serde_path_to_error::deserialize(v).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." {
-            prefix.to_string()
-        } else {
-            format!("{prefix}.{path}")
-        };
-        FieldError::new(field, e.into_inner().to_string())
-    })
-}
+use crate::hardware::typed;
 
 fn b64(v: &Value, field: &str) -> Result<String, FieldError> {
     let s = v

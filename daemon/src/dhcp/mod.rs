@@ -478,7 +478,13 @@ pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outc
         Err(Ignore::PxeNotAllowed) => netboot_not_allowed(&mut msg, &mut opts, &c),
         Err(_) => {}
     }
-    let fields = Fields::Lease {
+    let fields = lease_fields(req, &c, ip, boot);
+    finish(msg, opts, req, &c, kind, Some(key), fields, Port::Dhcp)
+}
+
+/// The event fields of a lease given (with its boot file, or why none).
+fn lease_fields(req: &Message, c: &Client, ip: Ipv4Addr, boot: Result<Boot, Ignore>) -> Fields {
+    Fields::Lease {
         ip,
         no_boot: boot.as_ref().err().copied(),
         boot_file: boot.ok().map(|b| b.file),
@@ -486,8 +492,7 @@ pub fn respond(req: &Message, port: Port, snap: &Snapshot, s: &Settings) -> Outc
         ipxe: c.ipxe,
         relay: relay_fields(req),
         xid: Xid(req.xid()),
-    };
-    finish(msg, opts, req, &c, kind, Some(key), fields, Port::Dhcp)
+    }
 }
 
 fn nak(req: &Message, c: &Client, key: Option<Key>, why: String, s: &Settings) -> Outcome {

@@ -5,8 +5,8 @@
 //! as a Hardware with `allowPXE` and no overrides would).
 
 use super::{
-    Client, Fields, Ignore, Opts, Port, Reply, Settings, Xid, boot_for, boot_options, client_of,
-    finish, nak, relay_fields, reply_base,
+    Client, Ignore, Opts, Port, Reply, Settings, boot_for, boot_options, client_of, finish,
+    lease_fields, nak, reply_base,
 };
 use crate::config::DiscoveryConfig;
 use crate::discovery::MacPattern;
@@ -242,15 +242,7 @@ fn lease_reply(
     if let Ok(b) = &boot {
         boot_options(&mut msg, &mut opts, c, b, req, s);
     }
-    let fields = Fields::Lease {
-        ip,
-        no_boot: boot.as_ref().err().copied(),
-        boot_file: boot.ok().map(|b| b.file),
-        arch: c.arch,
-        ipxe: c.ipxe,
-        relay: relay_fields(req),
-        xid: Xid(req.xid()),
-    };
+    let fields = lease_fields(req, c, ip, boot);
     finish(msg, opts, req, c, kind, None, fields, Port::Dhcp)
 }
 

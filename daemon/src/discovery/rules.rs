@@ -81,18 +81,7 @@ pub fn ruleset(mut doc: Value) -> Result<RuleSet, FieldError> {
     if let Some(o) = doc.as_object_mut() {
         o.remove("status");
     }
-    let spec_json = doc.get("spec").cloned().unwrap_or(Value::Null);
-    let spec: Spec = serde_path_to_error::deserialize(spec_json).map_err(|e| {
-        let path = e.path().to_string();
-        FieldError::new(
-            if path == "." {
-                "spec".into()
-            } else {
-                format!("spec.{path}")
-            },
-            e.into_inner().to_string(),
-        )
-    })?;
+    let spec: Spec = hardware::typed(doc.get("spec").unwrap_or(&Value::Null), "spec")?;
     if spec.workflow.template.reference.trim().is_empty() {
         return Err(FieldError::new("spec.workflow.template.ref", "required"));
     }

@@ -170,15 +170,7 @@ pub fn validate(mut doc: Value) -> Result<Hardware, FieldError> {
     match doc.get("spec") {
         None | Some(Value::Null) => {}
         Some(v @ Value::Object(_)) => {
-            serde_path_to_error::deserialize::<_, HardwareSpec>(v).map_err(|e| {
-                let path = e.path().to_string();
-                let field = if path == "." {
-                    "spec".to_string()
-                } else {
-                    format!("spec.{path}")
-                };
-                FieldError::new(field, e.into_inner().to_string())
-            })?;
+            typed::<HardwareSpec>(v, "spec")?;
         }
         Some(_) => return Err(FieldError::new("spec", "must be a mapping")),
     }
@@ -205,6 +197,21 @@ fn check_dns_subdomain(s: &str) -> Result<(), String> {
         check_label_chars(label).map_err(|m| format!("{m} in {s:?}"))?;
     }
     Ok(())
+}
+
+/// `v` read as `T`, as the API server checks a document against its CRD's
+/// schema: a mismatch names its field (`spec.interfaces[0].dhcp.mac`),
+/// under `prefix`.
+pub fn typed<T: serde::de::DeserializeOwned>(v: &Value, prefix: &str) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." {
+            prefix.to_string()
+        } else {
+            format!("{prefix}.{path}")
+        };
+        FieldError::new(field, e.into_inner().to_string())
+    })
 }
 
 pub fn check_dns_label(s: &str) -> Result<(), String> {
