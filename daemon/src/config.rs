@@ -49,7 +49,8 @@ pub struct DiscoveryConfig {
     /// server gives the addresses (`dhcp.mode = "auto-proxy"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool: Option<PoolRange>,
-    /// The pool's netmask; unset: the narrowest one holding the pool.
+    /// The pool's netmask; unset: the narrowest one holding the pool, the
+    /// gateway and tinkerbox's own address.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub netmask: Option<Ipv4Addr>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -72,9 +73,11 @@ pub struct DiscoveryConfig {
     /// auto enrollment); a discovered Hardware gets
     /// `spec.auto.enrollmentEnabled` from it.
     pub enroll: bool,
-    /// The most discovered Hardware kept: past it nothing more is created.
+    /// The most discovered Hardware kept, and the most enrollment
+    /// Workflows: past it nothing more is created.
     pub max_hardware: usize,
-    /// The most Hardware discovery creates per minute.
+    /// The most objects (Hardware and enrollment Workflows) zero touch
+    /// creates in a minute.
     pub max_per_minute: u32,
 }
 
@@ -144,11 +147,17 @@ impl PoolRange {
 }
 
 impl DiscoveryConfig {
-    /// The pool's netmask: as set, else the narrowest holding the pool.
-    pub fn pool_netmask(&self) -> Option<Ipv4Addr> {
+    /// The pool's netmask: as set, else the narrowest subnet holding the
+    /// pool, the gateway and `server` (tinkerbox's address, which the
+    /// clients must reach on the link).
+    pub fn pool_netmask(&self, server: Option<Ipv4Addr>) -> Option<Ipv4Addr> {
         let r = self.pool?;
         Some(self.netmask.unwrap_or_else(|| {
-            let differ = u32::from(r.first) ^ u32::from(r.last);
+            let first = u32::from(r.first);
+            let differ = [Some(r.last), self.gateway, server]
+                .into_iter()
+                .flatten()
+                .fold(0, |d, a| d | (first ^ u32::from(a)));
             Ipv4Addr::from(!(u32::MAX.checked_shr(differ.leading_zeros()).unwrap_or(0)))
         }))
     }
@@ -918,10 +927,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            c.discovery.pool_netmask(),
+            c.discovery.pool_netmask(None),
             Some(Ipv4Addr::new(255, 255, 255, 0))
         );
-        assert_eq!(c.discovery.pool.unwrap().size(), 100);
+        // The server's address is on the clients' link too.
+        let c = load(
+            "[discovery]\npool = \"10.99.0.100-10.99.0.120\"\n",
+            &[],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            c.discovery.pool_netmask(None),
+            Some(Ipv4Addr::new(255, 255, 255, 224))
+        );
+        assert_eq!(
+            c.discovery.pool_netmask(Some(Ipv4Addr::new(10, 99, 0, 1))),
+            Some(Ipv4Addr::new(255, 255, 255, 128))
+        );
+        assert_eq!(c.discovery.pool.unwrap().size(), 21);
     }
 
     #[test]

@@ -271,7 +271,7 @@ async fn open(
             Arc::new(tokio::sync::Notify::new()),
         )
         .with_link(link.clone()),
-        discovery: crate::services::Discovery::new(config.discovery.clone()),
+        discovery: crate::services::Discovery::new(config.discovery.clone(), public_ip),
         link,
     });
     let bmc = Arc::new(bmc::jobs::Runner::new(
@@ -590,7 +590,7 @@ async fn start_pool(
         sock,
         inventory: app.inventory.clone(),
         settings: app.dhcp_settings(),
-        pool_settings: dhcp::pool::PoolSettings::from_config(d),
+        pool_settings: dhcp::pool::PoolSettings::from_config(d, app.public_ip),
         store: app.store.clone(),
         runtime: tokio::runtime::Handle::current(),
         events: app.events.clone(),

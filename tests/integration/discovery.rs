@@ -218,6 +218,21 @@ fn enrollment_follows_upstream_rules() {
             .unwrap()
             .contains("auto enrollment is disabled")
     );
+    // Turned on, it counts at the next poll (no remembered refusal): no
+    // ruleset matches it yet.
+    apply(
+        &d,
+        "apiVersion: tinkerbell.org/v1alpha1\nkind: Hardware\nmetadata: {name: typed}\nspec:\n  agentID: agent-8\n  auto: {enrollmentEnabled: true}\n",
+    );
+    let lines = peer(&d, &["agent", "agent-8", "--polls", "1"]);
+    assert_eq!(lines[0]["code"], "NOT_FOUND", "{lines:#?}");
+    assert!(
+        lines[0]["details"]
+            .as_str()
+            .unwrap()
+            .contains("no Workflow Rule Sets found or matched for Agent agent-8"),
+        "{lines:#?}"
+    );
 
     // A ruleset applied later is seen at the next poll (no stale refusal);
     // `disabled: true` makes the Workflow disabled, as upstream's recipe for

@@ -949,23 +949,27 @@ spec:
 fn an_unknown_agent_is_discovered_and_enrolled_in_the_cluster() {
     const NEW: &str = "52:54:00:77:00:01";
     let cluster = Cluster::start();
-    let docs = format!(
-        "{}---\napiVersion: tinkerbell.org/v1alpha1\nkind: WorkflowRuleSet\nmetadata: {{name: any-intel, namespace: default}}\n\
-         spec:\n  rules: ['{{\"cpu\": {{\"processors\": {{\"vendor\": [\"GenuineIntel\"]}}}}}}']\n  workflow:\n    template: {{ref: t-zero, agentValue: device_1}}\n",
-        workflow_docs(
-            "t-zero",
-            &["x"],
-            "unused",
-            "unused",
-            "02:00:00:00:00:99",
-            ""
-        )
-        .split("---")
-        .next()
-        .unwrap()
-    );
-    cluster.kubectl(&["create", "-f", "-"], Some(&docs));
+    let template = workflow_docs(
+        "t-zero",
+        &["x"],
+        "unused",
+        "unused",
+        "02:00:00:00:00:99",
+        "",
+    )
+    .split("---")
+    .next()
+    .unwrap()
+    .to_string();
+    cluster.kubectl(&["create", "-f", "-"], Some(&template));
     let d = kube_daemon_with(&cluster, "[discovery]\nenabled = true\nenroll = true\n");
+    // No ruleset yet: discovered, not enrolled.
+    let lines = crate::tink::peer(&d, &["agent", NEW, "--polls", "1"]);
+    assert_eq!(lines[0]["code"], "NOT_FOUND", "{lines:#?}");
+    // A ruleset made in the cluster counts at the next poll.
+    let rules = "apiVersion: tinkerbell.org/v1alpha1\nkind: WorkflowRuleSet\nmetadata: {name: any-intel, namespace: default}\n\
+         spec:\n  rules: ['{\"cpu\": {\"processors\": {\"vendor\": [\"GenuineIntel\"]}}}']\n  workflow:\n    template: {ref: t-zero, agentValue: device_1}\n";
+    cluster.kubectl(&["create", "-f", "-"], Some(rules));
     until(30, "the ruleset mirrored", &d, || {
         d.cli_ok(&["get", "wrs"]).contains("any-intel")
     });

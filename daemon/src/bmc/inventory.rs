@@ -78,7 +78,7 @@ pub fn out_of_band(r: &Read, at: &str) -> Value {
         let t: u64 = cpus
             .iter()
             .filter_map(|p| p.get(k).and_then(Value::as_u64))
-            .sum();
+            .fold(0u64, u64::saturating_add);
         (t > 0).then(|| Value::from(t))
     };
     let cores = sum("TotalCores").or_else(|| n(sys.get("ProcessorSummary")?, "CoreCount"));
@@ -117,7 +117,7 @@ pub fn out_of_band(r: &Read, at: &str) -> Value {
     let module_bytes: u64 = modules
         .iter()
         .filter_map(|m| m.get("sizeBytes").and_then(Value::as_u64))
-        .sum();
+        .fold(0u64, u64::saturating_add);
     let summary_bytes = sys
         .pointer("/MemorySummary/TotalSystemMemoryGiB")
         .and_then(Value::as_f64)
@@ -316,6 +316,25 @@ mod tests {
             bios: Some(json!({"Attributes": {"SystemManufacturer": "v"}})),
         };
         walk(&out_of_band(&r, "t"), schema, "outOfBand");
+    }
+
+    /// Numbers a broken or hostile BMC sends do not overflow.
+    #[test]
+    fn huge_numbers_saturate() {
+        let r = Read {
+            processors: vec![
+                json!({"TotalCores": u64::MAX}),
+                json!({"TotalCores": u64::MAX}),
+            ],
+            memory: vec![
+                json!({"CapacityMiB": u64::MAX}),
+                json!({"CapacityMiB": 1u64 << 40}),
+            ],
+            ..Read::default()
+        };
+        let o = out_of_band(&r, "t");
+        assert_eq!(o["cpu"]["totalCores"], u64::MAX);
+        assert_eq!(o["memory"]["totalBytes"], 1u64 << 60);
     }
 
     /// sushy's fake driver: a name, a manufacturer, NICs, nothing else.

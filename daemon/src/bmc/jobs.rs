@@ -317,15 +317,19 @@ impl Runner {
         Ok(())
     }
 
-    /// The Hardware whose bmcRef names this BMC, for the event log.
-    fn hardware_of(&self, bmc: &Key) -> Key {
+    /// The Hardware whose `bmcRef` is this BMC, if any.
+    fn referencing(&self, bmc: &Key) -> Option<Key> {
         let snap = self.inventory.snapshot();
         snap.machines()
             .find(|m| {
                 m.key.namespace == bmc.namespace && m.bmc.as_deref() == Some(bmc.name.as_str())
             })
             .map(|m| m.key.clone())
-            .unwrap_or_else(|| bmc.clone())
+    }
+
+    /// Whose log a BMC's event goes to: its Hardware's, else its own.
+    fn hardware_of(&self, bmc: &Key) -> Key {
+        self.referencing(bmc).unwrap_or_else(|| bmc.clone())
     }
 
     /// The ways to reach the BMC of a job: a BMC Machine by name (`bmc`),
@@ -631,10 +635,9 @@ impl Runner {
                 if crate::kinds::disabled(&row.doc).is_some() {
                     continue;
                 }
-                let hw = self.hardware_of(&row.key);
-                if hw == row.key {
-                    continue; // no Hardware references this BMC
-                }
+                let Some(hw) = self.referencing(&row.key) else {
+                    continue;
+                };
                 let doc = match self.store.get(&hw).await {
                     Ok(Some(d)) => d,
                     _ => continue,

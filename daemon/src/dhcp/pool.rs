@@ -29,9 +29,10 @@ pub struct PoolSettings {
 }
 
 impl PoolSettings {
-    pub fn from_config(d: &DiscoveryConfig) -> PoolSettings {
+    /// `server`: tinkerbox's address, which the default netmask holds.
+    pub fn from_config(d: &DiscoveryConfig, server: Ipv4Addr) -> PoolSettings {
         PoolSettings {
-            netmask: d.pool_netmask(),
+            netmask: d.pool_netmask(Some(server)),
             gateway: d.gateway,
             dns: d.dns.clone(),
             lease_time: u32::try_from(d.lease_time.as_secs()).unwrap_or(u32::MAX),

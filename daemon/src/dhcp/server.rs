@@ -142,13 +142,15 @@ impl Shell {
             .dhcp_request(req_type, self.settings.mode.as_str());
         let snap = self.inventory.snapshot();
         match respond(&req, port, &snap, &self.settings) {
-            Outcome::Ignore(Ignore::UnknownMac)
+            Outcome::Ignore(Ignore::UnknownMac | Ignore::NoIpv4Reservation)
                 if port == Port::Dhcp
                     && self.settings.mode == super::Mode::Reservation
                     && self.pool.is_some() =>
             {
-                // Unknown MAC, a pool to lease from: its own thread decides,
-                // so the pool's work never holds up the known hosts here.
+                // Unknown MAC (or a Hardware interface with no address: a
+                // discovered machine's other NICs), a pool to lease from:
+                // its own thread decides, so the pool's work never holds
+                // up the known hosts here.
                 if let Some(pool) = &self.pool
                     && !pool.submit(req, src, ifindex)
                 {

@@ -278,6 +278,8 @@ pub struct Machine {
     pub agent_id: Option<Box<str>>,
     /// `spec.bmcRef.name`: the BMC Machine (same namespace) that powers it.
     pub bmc: Option<Box<str>>,
+    /// `spec.auto.enrollmentEnabled`: WorkflowRuleSets may enroll it.
+    pub auto_enroll: bool,
     /// `{"metadata": ..., "userData": ..., "vendorData": ...}` as stored
     /// (only the members present), for [`Machine::details`].
     details: Box<str>,
@@ -301,7 +303,15 @@ struct SpecParts {
     interfaces: Vec<spec::Interface>,
     agent_id: Option<String>,
     bmc_ref: Option<BmcRef>,
+    auto: Option<Auto>,
     details: String,
+}
+
+/// `spec.auto`.
+#[derive(Deserialize)]
+struct Auto {
+    #[serde(rename = "enrollmentEnabled", default)]
+    enrollment_enabled: Option<bool>,
 }
 
 impl<'de> Deserialize<'de> for SpecParts {
@@ -317,6 +327,7 @@ impl<'de> Deserialize<'de> for SpecParts {
                     interfaces: vec![],
                     agent_id: None,
                     bmc_ref: None,
+                    auto: None,
                     details: String::new(),
                 })
             }
@@ -331,6 +342,7 @@ impl<'de> Deserialize<'de> for SpecParts {
                         }
                         "agentID" => p.agent_id = m.next_value()?,
                         "bmcRef" => p.bmc_ref = m.next_value()?,
+                        "auto" => p.auto = m.next_value()?,
                         "metadata" | "userData" | "vendorData" => {
                             let raw: &'de RawValue = m.next_value()?;
                             p.details.push(if p.details.is_empty() { '{' } else { ',' });
@@ -370,6 +382,7 @@ impl Machine {
             interfaces: vec![],
             agent_id: None,
             bmc_ref: None,
+            auto: None,
             details: String::new(),
         });
         let mut interfaces = Vec::with_capacity(parts.interfaces.len());
@@ -390,6 +403,10 @@ impl Machine {
             interfaces: interfaces.into(),
             agent_id: text(parts.agent_id.as_deref()),
             bmc: parts.bmc_ref.map(|r| r.name.into()),
+            auto_enroll: parts
+                .auto
+                .and_then(|a| a.enrollment_enabled)
+                .unwrap_or(false),
             details: parts.details.into(),
         })
     }
@@ -402,6 +419,7 @@ impl Machine {
             interfaces: Box::new([]),
             agent_id: None,
             bmc: None,
+            auto_enroll: false,
             details: "".into(),
         }
     }

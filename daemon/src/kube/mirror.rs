@@ -418,7 +418,10 @@ mod tests {
             hardware: HardwareService::new(store.clone(), inv, sink.clone(), metrics.clone()),
             bmc: BmcService::new(store.clone(), sink.clone(), wake.clone()),
             workflow: WorkflowService::new(store.clone(), sink.clone(), metrics.clone(), wake),
-            discovery: crate::services::Discovery::new(Default::default()),
+            discovery: crate::services::Discovery::new(
+                Default::default(),
+                std::net::Ipv4Addr::LOCALHOST,
+            ),
             link: Arc::default(),
         });
         let (dummy, _) = mock::client(vec![]);

@@ -99,6 +99,18 @@ pub const RUFIO_NATIVE: &[Grant] = &[
         resources: &["machines/status", "jobs/status", "tasks/status"],
         verbs: WRITE,
     },
+    // The inventory: a Hardware's status.attributes.outOfBand, and the
+    // Machine's refresh-inventory annotation taken off once read.
+    Grant {
+        group: "tinkerbell.org",
+        resources: &["hardware/status"],
+        verbs: WRITE,
+    },
+    Grant {
+        group: "bmc.tinkerbell.org",
+        resources: &["machines"],
+        verbs: WRITE,
+    },
     // A Job's Tasks.
     Grant {
         group: "bmc.tinkerbell.org",
@@ -573,6 +585,9 @@ mod tests {
                 &["machines/finalizers", "jobs/finalizers", "tasks/finalizers"][..],
                 &["update"][..],
             ),
+            // The inventory: the Hardware's status, the Machine's annotation.
+            (TB, &["hardware/status"][..], WRITE),
+            (BMC, &["machines"][..], WRITE),
         ]);
         assert_eq!(allowed(&r), set(&want));
         assert!(!allows(&r, TB, "hardware", "patch"), "tink's");

@@ -27,7 +27,10 @@ const RENDER_POLL: Duration = Duration::from_millis(100);
 /// Discovery's and enrollment's state.
 pub struct Discovery {
     cfg: DiscoveryConfig,
-    /// Creations in the current minute: (minute, count).
+    /// tinkerbox's address (the pool's default netmask holds it).
+    server: std::net::Ipv4Addr,
+    /// Creations in the current window of a minute, which starts at its
+    /// first: (start, count).
     window: std::sync::Mutex<(i64, u32)>,
     /// One creation at a time, each checked against what exists just
     /// before it: two polls of one new agent make one Hardware.
@@ -45,9 +48,10 @@ pub struct Discovery {
 const COUNT_FOR: Duration = Duration::from_secs(5);
 
 impl Discovery {
-    pub fn new(cfg: DiscoveryConfig) -> Self {
+    pub fn new(cfg: DiscoveryConfig, server: std::net::Ipv4Addr) -> Self {
         Discovery {
             cfg,
+            server,
             window: Default::default(),
             write: Default::default(),
             refusals: Default::default(),
@@ -55,12 +59,12 @@ impl Discovery {
         }
     }
 
-    /// Whether a creation fits in this minute's budget (and take it).
+    /// Whether a creation (a Hardware or an enrollment Workflow) fits in
+    /// this minute's budget (and take it).
     fn take_slot(&self, now_ms: i64) -> bool {
-        let minute = now_ms / 60_000;
         let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
-        if w.0 != minute {
-            *w = (minute, 0);
+        if w.1 == 0 || now_ms.saturating_sub(w.0) >= 60_000 {
+            *w = (now_ms, 0);
         }
         if w.1 >= self.cfg.max_per_minute {
             return false;
@@ -122,7 +126,12 @@ impl Services {
         } else {
             self.hardware_of(agent)
         };
-        if !d.cfg.enroll {
+        // Enrolled once discovered (a Workflow made before would name no
+        // Hardware), and only with no Workflow at all, as upstream.
+        if !d.cfg.enroll
+            || (d.cfg.enabled && hardware.is_none())
+            || self.workflow.store.agent_has_workflows(agent).await?
+        {
             return first;
         }
         let (workflow, disabled) = self.enroll(agent, attributes, hardware).await?;
@@ -176,6 +185,10 @@ impl Services {
                 .get_or_create(&ResultLabels { result: o.as_str() })
                 .inc();
         };
+        let _w = d.write.lock().await;
+        if let Some(k) = self.hardware_of(agent) {
+            return Some(k);
+        }
         if !d.take_slot(crate::clock::now_ms()) {
             outcome(Discovered::RateLimited);
             tracing::warn!(
@@ -184,10 +197,6 @@ impl Services {
                 "discovery: rate limit reached, agent not discovered now"
             );
             return None;
-        }
-        let _w = d.write.lock().await;
-        if let Some(k) = self.hardware_of(agent) {
-            return Some(k);
         }
         match self.discovered_count().await {
             Ok(n) if n >= d.cfg.max_hardware => {
@@ -209,8 +218,12 @@ impl Services {
         }
         let empty = Value::Object(Default::default());
         let attrs = attributes.unwrap_or(&empty);
-        let reservation = self.pool_reservation(agent, attrs).await;
         let snap = self.hardware.inventory.snapshot();
+        // An address someone gave a Hardware since the lease is theirs.
+        let reservation = self
+            .pool_reservation(agent, attrs)
+            .await
+            .filter(|r| snap.by_ip(&std::net::IpAddr::V4(r.ip)).is_none());
         let taken = |m: &Mac| snap.by_mac(m).is_some();
         let hw = match found::document(&Found {
             agent_id: agent,
@@ -284,7 +297,7 @@ impl Services {
     /// or any of its NICs' MACs), to become its Hardware's reservation.
     async fn pool_reservation(&self, agent: &str, attrs: &Value) -> Option<Reservation> {
         let cfg = &self.discovery.cfg;
-        let netmask = cfg.pool_netmask()?;
+        let netmask = cfg.pool_netmask(Some(self.discovery.server))?;
         let nics = attrs
             .get("networkInterfaces")
             .and_then(Value::as_array)
@@ -316,24 +329,33 @@ impl Services {
     }
 
     /// Make a discovered Hardware where Hardware lives: the cluster, or the
-    /// store. An existing one of the name is left as it is.
+    /// store. A Hardware of that name is another agent's (ids that differ
+    /// only in case or punctuation make one name): refused.
     async fn create_hardware(&self, hw: Hardware) -> Result<(), Error> {
         let key = hw.machine.key.clone();
+        let taken = || {
+            Error::Invalid(crate::hardware::FieldError::new(
+                "metadata.name",
+                format!("Hardware {key} exists and is another agent's"),
+            ))
+        };
         if let Some(cluster) = self.link.cluster() {
-            if let Some(made) = cluster.create(Kind::Hardware, &key, &hw.doc).await? {
-                let item = crate::hardware::validate(made.item)?;
-                self.hardware
-                    .mirror(Mirrored::One(super::Copy {
-                        key,
-                        item,
-                        version: made.version,
-                    }))
-                    .await?;
-            }
+            let made = cluster
+                .create(Kind::Hardware, &key, &hw.doc)
+                .await?
+                .ok_or_else(taken)?;
+            let item = crate::hardware::validate(made.item)?;
+            self.hardware
+                .mirror(Mirrored::One(super::Copy {
+                    key,
+                    item,
+                    version: made.version,
+                }))
+                .await?;
             return Ok(());
         }
         if self.hardware.inventory.snapshot().by_key(&key).is_some() {
-            return Ok(());
+            return Err(taken());
         }
         self.hardware.apply(vec![hw]).await?;
         Ok(())
@@ -342,8 +364,9 @@ impl Services {
     /// Enrollment, upstream's rules: a Hardware with
     /// `spec.auto.enrollmentEnabled` false is not enrolled; otherwise the
     /// best matching WorkflowRuleSet makes Workflow `enrollment-<agent>`
-    /// (once: an existing one is waited for). Refusals are remembered
-    /// until a Workflow or a WorkflowRuleSet changes.
+    /// (once: an existing one is waited for), within the per-minute budget
+    /// and `max_hardware` enrollment Workflows. What no ruleset matched is
+    /// remembered until a WorkflowRuleSet changes.
     async fn enroll(
         &self,
         agent: &str,
@@ -352,10 +375,6 @@ impl Services {
     ) -> Result<(Key, bool), WorkerError> {
         let d = &self.discovery;
         let store = &self.workflow.store;
-        let generation = store.workflow_generation();
-        if let Some(r) = d.remembered(agent, generation) {
-            return Err(r.into());
-        }
         let outcome = |result: &'static str| {
             self.workflow
                 .metrics
@@ -365,30 +384,31 @@ impl Services {
         };
         let mut discovered = false;
         if let Some(h) = &hardware {
-            let doc = self.hardware.store.get(h).await?;
-            let enabled = doc
-                .as_ref()
-                .and_then(|d| d.pointer("/spec/auto/enrollmentEnabled"))
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
+            // From the snapshot: a change of the switch counts at once.
+            let enabled = self
+                .hardware
+                .inventory
+                .snapshot()
+                .by_key(h)
+                .is_some_and(|m| m.auto_enroll);
             if !enabled {
                 outcome("disabled");
-                return Err(d
-                    .remember(
-                        agent,
-                        generation,
-                        Refusal::FailedPrecondition(
-                            "auto enrollment is disabled for this hardware".into(),
-                        ),
-                    )
-                    .into());
+                return Err(Refusal::FailedPrecondition(
+                    "auto enrollment is disabled for this hardware".into(),
+                )
+                .into());
             }
+            let doc = self.hardware.store.get(h).await?;
             discovered = doc
                 .as_ref()
                 .and_then(|d| d.pointer("/metadata/labels"))
                 .and_then(|l| l.get(DISCOVERED_LABEL))
                 .and_then(Value::as_str)
                 == Some("true");
+        }
+        let generation = store.ruleset_generation();
+        if let Some(r) = d.remembered(agent, generation) {
+            return Err(r.into());
         }
         let sets: Vec<rules::RuleSet> = store
             .rulesets(None)
@@ -442,6 +462,19 @@ impl Services {
             // enabled it since).
             let disabled = row.doc.pointer("/spec/disabled").and_then(Value::as_bool);
             return Ok((key, disabled.unwrap_or(false)));
+        }
+        let limited = if !d.take_slot(crate::clock::now_ms()) {
+            Some(("rate_limited", "discovery.max_per_minute"))
+        } else if store.count_enrolled().await? >= d.cfg.max_hardware {
+            Some(("at_cap", "discovery.max_hardware"))
+        } else {
+            None
+        };
+        if let Some((result, limit)) = limited {
+            outcome(result);
+            return Err(WorkerError::Unavailable(format!(
+                "agent {agent} not enrolled now: {limit} reached"
+            )));
         }
         let made = match self.link.cluster() {
             Some(cluster) => match cluster.create(Kind::Workflow, &key, &wf.doc).await {
@@ -503,10 +536,13 @@ mod tests {
 
     #[test]
     fn creations_per_minute_are_bounded() {
-        let d = Discovery::new(DiscoveryConfig {
-            max_per_minute: 3,
-            ..Default::default()
-        });
+        let d = Discovery::new(
+            DiscoveryConfig {
+                max_per_minute: 3,
+                ..Default::default()
+            },
+            std::net::Ipv4Addr::LOCALHOST,
+        );
         let t = 10 * 60_000;
         assert!((0..3).all(|i| d.take_slot(t + i)));
         assert!(!d.take_slot(t + 59_000), "the fourth in the minute");

@@ -215,8 +215,10 @@ impl Store {
             outcomes.push(o);
         }
         tx.commit().await?;
-        if kind == Kind::Workflow {
-            self.bump_workflows();
+        match kind {
+            Kind::Workflow => self.bump_workflows(),
+            Kind::WorkflowRuleSet => self.bump_rulesets(),
+            _ => {}
         }
         Ok((outcomes, deleted))
     }
@@ -250,8 +252,10 @@ impl Store {
                     .await?
             }
         };
-        if kind == Kind::Workflow {
-            self.bump_workflows();
+        match kind {
+            Kind::Workflow => self.bump_workflows(),
+            Kind::WorkflowRuleSet => self.bump_rulesets(),
+            _ => {}
         }
         Ok(r.rows_affected() > 0)
     }

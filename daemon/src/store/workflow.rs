@@ -37,6 +37,9 @@ pub(super) struct StatusQueue {
     /// Bumped after every committed change of a Workflow (document or
     /// status): what a cache of answers derived from Workflows checks.
     generation: std::sync::atomic::AtomicU64,
+    /// Bumped after every committed change of a WorkflowRuleSet: what
+    /// enrollment's remembered refusals check.
+    rulesets: std::sync::atomic::AtomicU64,
 }
 
 struct StatusWrite {
@@ -181,6 +184,46 @@ impl Store {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// A WorkflowRuleSet changed since a read of this value if it differs.
+    pub fn ruleset_generation(&self) -> u64 {
+        self.statuses
+            .rulesets
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub(super) fn bump_rulesets(&self) {
+        self.statuses
+            .rulesets
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Whether any Workflow is the agent's: a rendered one that has a task
+    /// of it, or one not rendered yet whose `hardwareMap` names it (an
+    /// operator's new Workflow, before the engine's first pass).
+    pub async fn agent_has_workflows(&self, agent: &str) -> Result<bool, StoreError> {
+        let found: Option<i64> = sqlx::query_scalar(
+            "SELECT 1 FROM workflow_agents WHERE agent_id = ?1
+             UNION ALL
+             SELECT 1 FROM workflows w, json_each(w.doc, '$.spec.hardwareMap') m
+              WHERE w.state = '' AND m.value = ?1
+             LIMIT 1",
+        )
+        .bind(agent)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(found.is_some())
+    }
+
+    /// How many Workflows enrollment made (upstream's label on them).
+    pub async fn count_enrolled(&self) -> Result<usize, StoreError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM workflows WHERE json_extract(doc, '$.metadata.labels.\"tinkerbell.org/auto-enrollment\"') = 'true'",
+        )
+        .fetch_one(self.pool())
+        .await?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
     pub(super) fn bump_workflows(&self) {
         self.statuses
             .generation
@@ -197,7 +240,7 @@ impl Store {
             out.push(upsert_document(&mut tx, DocTable::RuleSets, &s.key, &s.doc).await?);
         }
         tx.commit().await?;
-        self.bump_workflows();
+        self.bump_rulesets();
         Ok(out)
     }
 
@@ -396,7 +439,10 @@ impl Store {
             .bind(&key.name)
             .execute(self.pool())
             .await?;
-        self.bump_workflows();
+        match kind {
+            TinkKind::WorkflowRuleSet => self.bump_rulesets(),
+            _ => self.bump_workflows(),
+        }
         Ok(r.rows_affected() > 0)
     }
 }
