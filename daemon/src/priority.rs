@@ -9,6 +9,21 @@ pub(crate) const BACKGROUND_NICE: i32 = 10;
 #[cfg(test)]
 pub(crate) const SCHED_IDLE: i64 = 5;
 
+/// Makes the calling thread [`BACKGROUND_NICE`] steps nicer: it gets a
+/// tenth of the CPU a normal thread gets when they compete, and never
+/// none. For the discovery pool's thread: a flood of unknown machines
+/// then costs the known ones little, and the pool, which commits leases
+/// (holding SQLite's write lock meanwhile), is never starved the way
+/// `SCHED_IDLE` could starve it.
+pub(crate) fn nicer_this_thread() {
+    let me = rustix::thread::gettid();
+    let base = rustix::process::getpriority_process(Some(me)).unwrap_or(0);
+    let nice = (base + BACKGROUND_NICE).min(19);
+    if let Err(e) = rustix::process::setpriority_process(Some(me), nice) {
+        tracing::debug!(error = %e, "cannot lower a thread's priority");
+    }
+}
+
 /// Puts the calling thread (and the threads it starts from now on) under
 /// `SCHED_IDLE`, for the event log's work: it then runs only when nothing
 /// else wants the CPU, and a DHCP packet's wake-up preempts it at once.
@@ -39,5 +54,24 @@ pub(crate) fn lower_this_thread() {
     let nice = (base + BACKGROUND_NICE).min(19);
     if let Err(e) = rustix::process::setpriority_process(Some(me), nice) {
         tracing::debug!(error = %e, "cannot lower a background thread's priority");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nicer_thread_is_nicer_and_the_others_are_not() {
+        let me = || rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap();
+        let ours = me();
+        let theirs = std::thread::spawn(move || {
+            nicer_this_thread();
+            me()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(theirs, (ours + BACKGROUND_NICE).min(19));
+        assert_eq!(me(), ours, "only the calling thread");
     }
 }

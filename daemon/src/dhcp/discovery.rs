@@ -102,6 +102,8 @@ impl PoolThread {
     }
 
     fn run(mut self, rx: &Receiver<Job>, stop: &AtomicBool) {
+        // Unknown machines wait behind the known ones for the CPU.
+        crate::priority::nicer_this_thread();
         let mut gauges = Gauges {
             dirty: true,
             snapshot: None,
