@@ -967,7 +967,7 @@ mod tests {
             .collect::<Vec<_>>()
             .join("\n");
         let sections = uncommented.lines().filter(|l| l.starts_with('[')).count();
-        assert_eq!(sections, 11, "every section shown:\n{uncommented}");
+        assert_eq!(sections, 12, "every section shown:\n{uncommented}");
         let c = load(&uncommented, &[], &[]).unwrap();
         assert_eq!(c, Config::default());
     }
