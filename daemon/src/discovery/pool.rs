@@ -92,7 +92,18 @@ pub struct Pool {
     slots: HashMap<u32, Slot>,
     /// Each MAC's one `Leased` slot (bound or expired).
     by_mac: HashMap<Mac, u32>,
+    /// Bumped by every change of `slots`.
+    changes: u64,
+    /// The last scan for a free address found none: at which `changes`,
+    /// and until when that stands (the first lease or hold to end, at most
+    /// [`FULL_RECHECK_MS`] later, as a Hardware may let an address go). A
+    /// flood of new clients at an exhausted pool then costs a lookup each,
+    /// not a scan of the range each.
+    full: std::cell::Cell<Option<(u64, i64)>>,
 }
+
+/// How long an exhausted pool is taken as such without a change.
+const FULL_RECHECK_MS: i64 = 1000;
 
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -110,6 +121,8 @@ impl Pool {
             hold_ms: ms(decline_hold),
             slots: HashMap::new(),
             by_mac: HashMap::new(),
+            changes: 0,
+            full: std::cell::Cell::new(None),
         }
     }
 
@@ -117,6 +130,7 @@ impl Pool {
     /// reads it: expired leases and holds, and rows outside the range (the
     /// pool was changed), are left out.
     pub fn load(&mut self, rows: impl IntoIterator<Item = Stored>, now: i64) {
+        self.changes += 1;
         for row in rows {
             match row {
                 Stored::Leased(l) if l.expires_ms > now => {
@@ -229,10 +243,17 @@ impl Pool {
         {
             return Some(self.ip(off));
         }
+        if let Some((changes, until)) = self.full.get()
+            && changes == self.changes
+            && now < until
+        {
+            return None;
+        }
         let start = start_of(mac, self.size);
         // One pass at most: the first address never used (or whose hold
         // ended), else the first expired lease of another client.
         let mut expired = None;
+        let mut next_end = now.saturating_add(FULL_RECHECK_MS);
         for i in 0..self.size {
             let off = (start + i) % self.size;
             match self.slots.get(&off) {
@@ -245,13 +266,22 @@ impl Pool {
                     if *until_ms <= now && !reserved(self.ip(off)) {
                         return Some(self.ip(off));
                     }
+                    if *until_ms > now {
+                        next_end = next_end.min(*until_ms);
+                    }
                 }
                 Some(Slot::Leased { expires_ms, .. }) => {
                     if expired.is_none() && *expires_ms <= now && !reserved(self.ip(off)) {
                         expired = Some(off);
                     }
+                    if *expires_ms > now {
+                        next_end = next_end.min(*expires_ms);
+                    }
                 }
             }
+        }
+        if expired.is_none() {
+            self.full.set(Some((self.changes, next_end)));
         }
         expired.map(|off| self.ip(off))
     }
@@ -293,6 +323,7 @@ impl Pool {
             return false;
         };
         let renewal = self.lease_of(&l.mac, now).is_some_and(|old| old.ip == l.ip);
+        self.changes += 1;
         if let Some(old) = self.by_mac.get(&l.mac).copied()
             && old != off
         {
@@ -326,6 +357,7 @@ impl Pool {
         if let Some(off) = self.offset(l.ip)
             && self.by_mac.get(&l.mac) == Some(&off)
         {
+            self.changes += 1;
             self.clear(off);
         }
     }
@@ -340,6 +372,7 @@ impl Pool {
     /// Keep `ip` out of the pool until `until_ms` (its lease, if any, ends).
     pub fn decline(&mut self, ip: Ipv4Addr, until_ms: i64) {
         if let Some(off) = self.offset(ip) {
+            self.changes += 1;
             self.clear(off);
             self.slots.insert(off, Slot::Declined { until_ms });
         }
@@ -351,7 +384,11 @@ impl Pool {
         let before = self.slots.len();
         self.slots
             .retain(|_, s| !matches!(s, Slot::Declined { until_ms } if *until_ms <= now));
-        self.slots.len() != before
+        let changed = self.slots.len() != before;
+        if changed {
+            self.changes += 1;
+        }
+        changed
     }
 
     /// How the addresses stand; one pass over the range.
@@ -681,6 +718,12 @@ mod tests {
             take(&mut p, mac(i), T0);
         }
         assert_eq!(p.offer(&mac(99), None, T0, NONE), None);
+        // A release is seen at once, whatever was remembered.
+        let mut q = pool();
+        let held: Vec<Lease> = (0..10).map(|i| take(&mut q, mac(i), T0)).collect();
+        assert_eq!(q.offer(&mac(99), None, T0, NONE), None);
+        q.release(&held[3]);
+        assert_eq!(q.offer(&mac(99), None, T0, NONE), Some(held[3].ip));
         let c = p.counts(T0, NONE);
         assert_eq!(
             (c.leased, c.free, c.next_change_ms),
@@ -714,6 +757,14 @@ mod tests {
         );
         assert_eq!(big.size(), crate::discovery::POOL_MAX);
         assert_eq!(big.offer(&mac(1), None, T0, &|_| true), None);
+        // ... and is not searched again at once: another new client is
+        // answered from the last search until something changes, or for
+        // at most FULL_RECHECK_MS (a Hardware may let an address go).
+        assert_eq!(big.offer(&mac(2), None, T0 + 1, NONE), None, "remembered");
+        assert!(
+            big.offer(&mac(2), None, T0 + FULL_RECHECK_MS, NONE)
+                .is_some()
+        );
         assert_eq!(
             big.counts(T0, &|_| true).reserved,
             crate::discovery::POOL_MAX
