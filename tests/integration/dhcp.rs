@@ -9,7 +9,7 @@
 //! named after the test process's PID and torn down on drop, panics included.
 
 use crate::common::{Daemon, Setup};
-use crate::netns::{self, Ran, have, in_ns, is_root, poll, run, run_ok};
+use crate::netns::{self, Ran, in_ns, poll, run, run_ok};
 use serde_json::{Value, json};
 use std::fs::File;
 use std::net::Ipv4Addr;
@@ -119,23 +119,17 @@ fn stop_pid(pid: u32) {
 // The lab: namespaces from tests/lab/lib.sh, removed on drop.
 
 fn check_prerequisites() {
-    assert!(
-        is_root(),
-        "the DHCP lab tests make network namespaces: run them as root"
+    netns::require(
+        "DHCP",
+        &[
+            ("ip", "iproute2"),
+            ("busybox", "busybox-static"),
+            ("dhclient", "isc-dhcp-client"),
+            ("dnsmasq", "dnsmasq-base"),
+            ("python3", "python3"),
+            ("curl", "curl"),
+        ],
     );
-    for (program, package) in [
-        ("ip", "iproute2"),
-        ("busybox", "busybox-static"),
-        ("dhclient", "isc-dhcp-client"),
-        ("dnsmasq", "dnsmasq-base"),
-        ("python3", "python3"),
-        ("curl", "curl"),
-    ] {
-        assert!(
-            have(program),
-            "{program} not found: apt-get install {package} (tests/deps)"
-        );
-    }
 }
 
 netns::lab_newtype!(

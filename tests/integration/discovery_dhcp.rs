@@ -15,7 +15,7 @@ use crate::dhcp::{
     ACK, DISCOVER, NAK, OFFER, PXE_CLASS, REQUEST, SERVER, hardware, hook_env, ignored, ip_bytes,
     msg_type, opt, opt_of, py_dhcp, replies, udhcpc, wait_metric,
 };
-use crate::netns::{self, have, in_ns, is_root, poll, run_ok};
+use crate::netns::{self, in_ns, poll, run_ok};
 use serde_json::{Value, json};
 use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
@@ -31,21 +31,15 @@ const HTTP_LISTEN: &str = "0.0.0.0:7080";
 const API_LISTEN: &str = "127.0.0.1:7081";
 
 fn check_prerequisites() {
-    assert!(
-        is_root(),
-        "the discovery DHCP lab tests make network namespaces: run them as root"
+    netns::require(
+        "discovery DHCP",
+        &[
+            ("ip", "iproute2"),
+            ("busybox", "busybox-static"),
+            ("python3", "python3"),
+            ("curl", "curl"),
+        ],
     );
-    for (program, package) in [
-        ("ip", "iproute2"),
-        ("busybox", "busybox-static"),
-        ("python3", "python3"),
-        ("curl", "curl"),
-    ] {
-        assert!(
-            have(program),
-            "{program} not found: apt-get install {package} (tests/deps)"
-        );
-    }
 }
 
 netns::lab_newtype!(

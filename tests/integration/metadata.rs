@@ -11,7 +11,7 @@
 //! PID and torn down on drop, panics included; every wait is bounded.
 
 use crate::common::{Daemon, Setup};
-use crate::netns::{self, have, in_ns, is_root, poll, run};
+use crate::netns::{self, in_ns, poll, run};
 use serde_json::{Value, json};
 use std::process::Command;
 use std::time::Duration;
@@ -66,16 +66,7 @@ const UNKNOWN_IP: &str = "10.99.0.99";
 // The lab: namespaces from tests/lab/lib.sh, removed on drop.
 
 fn check_prerequisites() {
-    assert!(
-        is_root(),
-        "the metadata lab tests make network namespaces: run them as root"
-    );
-    for (program, package) in [("ip", "iproute2"), ("curl", "curl")] {
-        assert!(
-            have(program),
-            "{program} not found: apt-get install {package} (tests/deps)"
-        );
-    }
+    netns::require("metadata", &[("ip", "iproute2"), ("curl", "curl")]);
     let mut c = Command::new(PYTHON);
     c.args(["-c", "import cloudinit.sources.DataSourceEc2"]);
     let r = run(c, Duration::from_secs(30));

@@ -119,6 +119,21 @@ pub fn is_root() -> bool {
         == Some("0")
 }
 
+/// What the namespace lab tests need: root, and each program (with the
+/// Debian package that has it); a clear failure naming it otherwise.
+pub fn require(suite: &str, programs: &[(&str, &str)]) {
+    assert!(
+        is_root(),
+        "the {suite} lab tests make network namespaces: run them as root"
+    );
+    for (program, package) in programs {
+        assert!(
+            have(program),
+            "{program} not found: apt-get install {package} (tests/deps)"
+        );
+    }
+}
+
 pub fn have(program: &str) -> bool {
     let path = std::env::var("PATH").unwrap_or_default();
     path.split(':')
