@@ -261,11 +261,12 @@ impl WorkflowService for Server {
     ) -> Result<Response<pb::ActionResponse>, Code> {
         let req = req.into_inner();
         let agent = req.agent_id.unwrap_or_default();
-        let attributes = req.agent_attributes.as_ref().map(attributes_json);
         let s = self
             .app
             .services
-            .get_action(&agent, attributes.as_ref())
+            .get_action(&agent, || {
+                req.agent_attributes.as_ref().map(attributes_json)
+            })
             .await?;
         if let (true, Some(hw), Some(attrs)) = (s.first, &s.hardware, &req.agent_attributes) {
             self.keep_attributes(hw, attrs).await;

@@ -109,10 +109,12 @@ impl Services {
     /// GetAction with zero touch: an agent that has nothing to run is
     /// discovered (`discovery.enabled`) and enrolled (`discovery.enroll`)
     /// first, then asked for again once its Workflow is rendered.
+    /// `attributes` (the agent's, as JSON) is called only then: an agent
+    /// polling for work it has costs no conversion.
     pub async fn get_action(
         &self,
         agent: &str,
-        attributes: Option<&Value>,
+        attributes: impl FnOnce() -> Option<Value>,
     ) -> Result<Served, WorkerError> {
         let first = self.workflow.get_action(agent).await;
         let d = &self.discovery;
@@ -121,6 +123,8 @@ impl Services {
         {
             return first;
         }
+        let attributes = attributes();
+        let attributes = attributes.as_ref();
         let hardware = if d.cfg.enabled {
             self.discover(agent, attributes).await
         } else {
