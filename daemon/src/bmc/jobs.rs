@@ -14,7 +14,7 @@ use crate::services::Services;
 use crate::store::Store;
 use crate::store::bmc::{JobRow, State};
 use serde_json::{Value, json};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use std::time::SystemTime;
@@ -110,6 +110,8 @@ pub fn targets(
 /// BMC's inventory may take to read.
 const INSPECT_PASS: Duration = Duration::from_secs(15);
 const INSPECT_LIMIT: Duration = Duration::from_secs(120);
+/// How soon a Hardware not yet due (or opted out) is looked at again.
+const INSPECT_RECHECK: Duration = Duration::from_secs(300);
 /// Rufio's annotations: on a Machine, read its inventory now; on a
 /// Hardware, never read it.
 pub const REFRESH_INVENTORY: &str = "tinkerbell.org/refresh-inventory";
@@ -622,6 +624,11 @@ impl Runner {
     pub async fn inspect(self: Arc<Self>, every: Duration) {
         let mut tick = tokio::time::interval(INSPECT_PASS);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // When each Hardware is next worth reading from the store: a pass
+        // over a rack reads only the documents that may be due (or whose
+        // Machine asks for a refresh), not every one every 15 s.
+        let mut not_before: HashMap<Key, SystemTime> = HashMap::new();
+        let recheck = every.min(INSPECT_RECHECK);
         loop {
             tick.tick().await;
             let machines = match self.store.bmc_machines(None).await {
@@ -631,19 +638,35 @@ impl Runner {
                     continue;
                 }
             };
+            // Each BMC's Hardware, from one pass over the snapshot.
+            let snap = self.inventory.snapshot();
+            let owners: HashMap<(&str, &str), &Key> = snap
+                .machines()
+                .filter_map(|m| Some(((m.key.namespace.as_str(), m.bmc.as_deref()?), &m.key)))
+                .collect();
+            not_before.retain(|k, _| snap.by_key(k).is_some());
             for row in machines {
                 if crate::kinds::disabled(&row.doc).is_some() {
                     continue;
                 }
-                let Some(hw) = self.referencing(&row.key) else {
+                let Some(hw) = owners
+                    .get(&(row.key.namespace.as_str(), row.key.name.as_str()))
+                    .map(|k| (*k).clone())
+                else {
                     continue;
                 };
+                let now = SystemTime::now();
+                if annotation(&row.doc, REFRESH_INVENTORY) != Some("true")
+                    && not_before.get(&hw).is_some_and(|t| now < *t)
+                {
+                    continue;
+                }
                 let doc = match self.store.get(&hw).await {
                     Ok(Some(d)) => d,
                     _ => continue,
                 };
-                let Some(refresh) = wants_inventory(&row.doc, &doc, &hw, every, SystemTime::now())
-                else {
+                let Some(refresh) = wants_inventory(&row.doc, &doc, &hw, every, now) else {
+                    not_before.insert(hw, now + recheck);
                     continue;
                 };
                 let ways = match self.resolve(Some(&row.key), None, &row.key.namespace).await {
@@ -651,6 +674,8 @@ impl Runner {
                     Err(_) => continue,
                 };
                 let Some((_, target)) = ways.first().filter(|(p, _)| p.name() == "redfish") else {
+                    // Not a Redfish BMC: asked again after `every`.
+                    not_before.insert(hw, now + every);
                     continue;
                 };
                 let read =
@@ -673,6 +698,8 @@ impl Runner {
                     tracing::warn!(hardware = %hw, error = %e, "bmc: inventory not saved");
                     continue;
                 }
+                // Never due again before 90% of `every` (the jitter's low end).
+                not_before.insert(hw.clone(), now + every.mul_f64(0.9));
                 self.events.record(
                     Event::new(
                         Kind::BmcInventory,
