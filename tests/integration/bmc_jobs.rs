@@ -628,9 +628,14 @@ fn a_redfish_bmcs_inventory_lands_in_its_hardwares_status() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let events = d.cli_ok(&["events", "node-1"]);
-    assert!(
-        events.contains("out-of-band inventory read from BMC default/bmc-1"),
-        "{events}"
-    );
+    // The event log is written in batches (every 100 ms): waited for.
+    let start = Instant::now();
+    loop {
+        let events = d.cli_ok(&["events", "node-1"]);
+        if events.contains("out-of-band inventory read from BMC default/bmc-1") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "{events}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
