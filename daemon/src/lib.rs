@@ -21,6 +21,7 @@ pub mod kinds;
 pub mod kube;
 pub mod labels;
 pub mod metadata;
+pub mod metal3;
 pub mod metrics;
 pub mod priority;
 pub mod serve;

@@ -15,7 +15,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The CRD files shipped in the repository, in the order they are applied.
-const FILES: [(&str, &str); 8] = [
+const FILES: [(&str, &str); 10] = [
     ("hardware.tinkerbell.org", "tinkerbell.org_hardware.yaml"),
     ("templates.tinkerbell.org", "tinkerbell.org_templates.yaml"),
     ("workflows.tinkerbell.org", "tinkerbell.org_workflows.yaml"),
@@ -30,6 +30,8 @@ const FILES: [(&str, &str); 8] = [
     ("jobs.bmc.tinkerbell.org", "bmc.tinkerbell.org_jobs.yaml"),
     ("tasks.bmc.tinkerbell.org", "bmc.tinkerbell.org_tasks.yaml"),
     ("tinkerbells.tinkerbox.io", "tinkerbox.io_tinkerbells.yaml"),
+    ("baremetalhosts.metal3.io", "metal3.io_baremetalhosts.yaml"),
+    ("hardwaredata.metal3.io", "metal3.io_hardwaredata.yaml"),
 ];
 
 fn crd_file(name: &str) -> PathBuf {

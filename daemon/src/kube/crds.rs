@@ -38,7 +38,7 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 const RESOURCE: &str = "customresourcedefinition.apiextensions.k8s.io";
 
 /// The embedded files, in the order they are applied: file name, contents.
-pub const FILES: [(&str, &str); 8] = [
+pub const FILES: [(&str, &str); 10] = [
     (
         "tinkerbell.org_hardware.yaml",
         include_str!("../../crds/tinkerbell.org_hardware.yaml"),
@@ -71,6 +71,15 @@ pub const FILES: [(&str, &str); 8] = [
     (
         "tinkerbox.io_tinkerbells.yaml",
         include_str!("../../crds/tinkerbox.io_tinkerbells.yaml"),
+    ),
+    // Metal3's, for the BareMetalHost API tinkerbox serves.
+    (
+        "metal3.io_baremetalhosts.yaml",
+        crate::metal3::CRD_BAREMETALHOSTS,
+    ),
+    (
+        "metal3.io_hardwaredata.yaml",
+        crate::metal3::CRD_HARDWAREDATA,
     ),
 ];
 
@@ -377,7 +386,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn the_embedded_crds_are_tinkerbells_seven_and_the_supervisors() {
+    fn the_embedded_crds_are_tinkerbells_seven_the_supervisors_and_metal3s() {
         let crds = embedded().unwrap();
         let names: Vec<&str> = crds.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(
@@ -391,6 +400,8 @@ mod tests {
                 "jobs.bmc.tinkerbell.org",
                 "tasks.bmc.tinkerbell.org",
                 "tinkerbells.tinkerbox.io",
+                "baremetalhosts.metal3.io",
+                "hardwaredata.metal3.io",
             ]
         );
         for c in &crds {
@@ -419,10 +430,10 @@ mod tests {
         for c in &crds {
             assert!(y.contains(c.yaml), "{}", c.file);
         }
-        assert_eq!(y.matches("kind: CustomResourceDefinition").count(), 8);
-        // Eight YAML documents, each the file's.
+        assert_eq!(y.matches("kind: CustomResourceDefinition").count(), 10);
+        // Ten YAML documents, each the file's.
         let docs: Vec<Value> = serde_saphyr::from_multiple(&y).unwrap();
-        assert_eq!(docs.len(), 8);
+        assert_eq!(docs.len(), 10);
         assert_eq!(docs[7], crds[7].doc);
         // The anchors in tinkerbox's own are resolved: one schema for all
         // three components.
