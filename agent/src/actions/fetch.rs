@@ -139,6 +139,8 @@ pub fn stream_after(
     read: Arc<Counter>,
 ) -> (impl std::future::Future<Output = ()>, BodyReader) {
     let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
+    // What is left of the body: hyper counts Content-Length down as the
+    // body is read.
     let expect = resp.content_length().map(|n| n + head.len() as u64);
     read.add(head.len() as u64);
     let mut got = head.len() as u64;

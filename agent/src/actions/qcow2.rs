@@ -1481,6 +1481,9 @@ mod tests {
         files.insert("/disk.qcow2".to_string(), b.image.clone());
         files.insert("/SHA512SUMS".to_string(), sums.into_bytes());
         files.insert("/x.vmdk".to_string(), b"KDMV\x01\0\0\0".repeat(64));
+        let mut big_raw = vec![0u8; 3 << 20];
+        fastrand::Rng::with_seed(5).fill(&mut big_raw);
+        files.insert("/big.raw".to_string(), big_raw.clone());
         let port = serve(files.clone(), true).await;
         let url = format!("http://127.0.0.1:{port}/disk.qcow2");
         for (kind, sum) in [
@@ -1536,6 +1539,16 @@ mod tests {
         ];
         action("qemuimg2disk", &env).await.unwrap();
         assert!(std::fs::read(d.path()).unwrap().starts_with(b"0000"));
+
+        // A raw image longer than the look at its head, checked.
+        let d = garbage_disk(4 << 20);
+        let env = [
+            ("IMG_URL", format!("http://127.0.0.1:{port}/big.raw")),
+            ("DEST_DISK", d.path().display().to_string()),
+            ("SHA256", hex::encode(sha2::Sha256::digest(&big_raw))),
+        ];
+        action("image2disk", &env).await.unwrap();
+        check_written(&d, &big_raw);
 
         // A server that ignores Range.
         let port = serve(files, false).await;
