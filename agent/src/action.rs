@@ -50,6 +50,7 @@ impl From<ActionResponse> for Action {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Image2Disk,
+    QemuImg2Disk,
     Oci2Disk,
     WriteFile,
     Cexec,
@@ -64,6 +65,7 @@ impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Image2Disk => "image2disk",
+            Kind::QemuImg2Disk => "qemuimg2disk",
             Kind::Oci2Disk => "oci2disk",
             Kind::WriteFile => "writefile",
             Kind::Cexec => "cexec",
@@ -90,6 +92,7 @@ pub fn image_name(image: &str) -> &str {
 pub fn kind_of(image: &str, command: &[String]) -> Option<Kind> {
     let by_name = match image_name(image) {
         "image2disk" => Some(Kind::Image2Disk),
+        "qemuimg2disk" => Some(Kind::QemuImg2Disk),
         "oci2disk" => Some(Kind::Oci2Disk),
         "writefile" => Some(Kind::WriteFile),
         "cexec" => Some(Kind::Cexec),
@@ -149,6 +152,12 @@ mod tests {
             Some(Kind::WriteFile)
         );
         assert_eq!(kind_of("kexec", &[]), Some(Kind::Kexec));
+        assert_eq!(
+            kind_of("quay.io/tinkerbell/actions/qemuimg2disk:latest", &[]),
+            Some(Kind::QemuImg2Disk)
+        );
+        assert_eq!(Kind::QemuImg2Disk.as_str(), "qemuimg2disk");
+        assert_eq!(kind_of("qemu-img", &[]), None);
         assert_eq!(kind_of("bash", &cmd(&["sleep", "2"])), None);
         assert_eq!(kind_of("alpine", &[]), None);
     }

@@ -1,11 +1,15 @@
 //! image2disk: stream an image over HTTP onto a disk, decompressing in the
 //! same pass. The write side (decompress, write, fsync, re-read the
-//! partition table) is shared with oci2disk.
+//! partition table) is shared with oci2disk. A qcow2 image (image2disk
+//! sniffs it, qemuimg2disk expects it) is converted by [`super::qcow2`].
 
-use super::fetch::{self, Alg, Counter, Hashing, mib};
-use super::{ActionError, Env, Progress};
-use std::fs::OpenOptions;
-use std::io::{BufRead, BufReader, Read, Write};
+use super::checksum::{self, Checksum};
+use super::fetch::{self, Counter, Hashing, mib};
+use super::{ActionError, Env, Progress, qcow2};
+use bytes::Bytes;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,26 +70,93 @@ impl Written {
     }
 }
 
-/// Writes `src` to `dest` (which must exist: a disk, or a file standing
-/// for one), decompressed when `compressed`, then fsyncs and asks the
-/// kernel to re-read the partition table. `sha256`, when given, is
-/// checked over the bytes as fetched (what `sha256sum` of the file says).
-pub fn write_image(
-    src: impl Read,
+/// How much of a disk is zeroed when its image fails its checksum: the
+/// partition tables (MBR, GPT) and boot code are in it, so a corrupt image
+/// never boots.
+pub const WIPE: u64 = 1 << 20;
+
+/// The size of `f`, a disk or a file: seeking to its end works for both
+/// (a block device's metadata says 0).
+pub fn device_size(f: &File) -> std::io::Result<u64> {
+    let mut f = f;
+    let n = f.seek(SeekFrom::End(0))?;
+    f.seek(SeekFrom::Start(0))?;
+    Ok(n)
+}
+
+/// Zeroes the first [`WIPE`] bytes of `out` and syncs them.
+pub fn wipe_head(out: &File) -> std::io::Result<()> {
+    let n = device_size(out)?.min(WIPE);
+    out.write_all_at(&vec![0u8; n as usize], 0)?;
+    out.sync_all()
+}
+
+/// Checks `got`, the digest of the bytes as fetched, against `sum`; on a
+/// mismatch `out`'s head is wiped and the action fails saying both.
+pub fn verify(
+    sum: Option<&Checksum>,
+    got: Option<String>,
+    out: &File,
     dest: &Path,
-    compressed: bool,
-    sha256: Option<&str>,
-    written: &Counter,
-) -> Result<Written, ActionError> {
-    let t0 = Instant::now();
-    let mut out = OpenOptions::new()
+    written: u64,
+) -> Result<(), ActionError> {
+    let (Some(sum), Some(got)) = (sum, got) else {
+        return Ok(());
+    };
+    if got.eq_ignore_ascii_case(&sum.hex) {
+        return Ok(());
+    }
+    let wiped = match wipe_head(out) {
+        Ok(()) => format!("its first {} zeroed", mib(WIPE)),
+        Err(e) => format!("zeroing its first {} failed: {e}", mib(WIPE)),
+    };
+    Err(ActionError::Failed(format!(
+        "{} mismatch: the image is {got}, {} says {} ({} were written to {}, {wiped})",
+        sum.alg.as_str(),
+        sum.from,
+        sum.hex,
+        mib(written),
+        dest.display()
+    )))
+}
+
+/// fsync, then ask the kernel to re-read the partition table.
+pub fn finish(out: &File, dest: &Path) -> Result<(), ActionError> {
+    out.sync_all()
+        .map_err(ActionError::io(format!("fsync of {}", dest.display())))?;
+    if let Err(e) = crate::sys::reread_partitions(out) {
+        // A partition or a plain file has no table to re-read.
+        tracing::debug!(dest = %dest.display(), error = %e, "BLKRRPART");
+    }
+    Ok(())
+}
+
+/// Opens DEST_DISK for writing: it must exist (as upstream: no file is
+/// created).
+pub fn open_dest(dest: &Path) -> Result<File, ActionError> {
+    OpenOptions::new()
         .write(true)
         .open(dest)
         .map_err(ActionError::io(format!(
             "opening DEST_DISK {}",
             dest.display()
-        )))?;
-    let mut src = BufReader::with_capacity(BUF, Hashing::new(src, sha256.map(|_| Alg::Sha256)));
+        )))
+}
+
+/// Writes `src` to `dest` (which must exist: a disk, or a file standing
+/// for one), decompressed when `compressed`, then fsyncs and asks the
+/// kernel to re-read the partition table. `sum`, when given, is checked
+/// over the bytes as fetched (what `sha256sum` of the file says).
+pub fn write_image(
+    src: impl Read,
+    dest: &Path,
+    compressed: bool,
+    sum: Option<&Checksum>,
+    written: &Counter,
+) -> Result<Written, ActionError> {
+    let t0 = Instant::now();
+    let mut out = open_dest(dest)?;
+    let mut src = BufReader::with_capacity(BUF, Hashing::new(src, sum.map(|s| s.alg)));
     let head = src
         .fill_buf()
         .map_err(ActionError::io("reading the image"))?;
@@ -147,21 +218,8 @@ pub fn write_image(
     // read for the hash and the length check to see all of it.
     std::io::copy(&mut src, &mut std::io::sink())
         .map_err(ActionError::io("reading the end of the image"))?;
-    if let (Some(want), Some(got)) = (sha256, src.into_inner().finish())
-        && !got.eq_ignore_ascii_case(want.trim())
-    {
-        return Err(ActionError::Failed(format!(
-            "sha256 mismatch: the image is {got}, SHA256 says {want} ({} were written to {})",
-            mib(total),
-            dest.display()
-        )));
-    }
-    out.sync_all()
-        .map_err(ActionError::io(format!("fsync of {}", dest.display())))?;
-    if let Err(e) = crate::sys::reread_partitions(&out) {
-        // A partition or a plain file has no table to re-read.
-        tracing::debug!(dest = %dest.display(), error = %e, "BLKRRPART");
-    }
+    verify(sum, src.into_inner().finish(), &out, dest, total)?;
+    finish(&out, dest)?;
     Ok(Written {
         format,
         bytes: total,
@@ -169,52 +227,58 @@ pub fn write_image(
     })
 }
 
-/// Fetches `resp` and writes it with [`write_image`], reporting progress.
-pub async fn stream_to_disk(
-    source: &str,
-    resp: reqwest::Response,
-    dest: &str,
-    compressed: bool,
-    sha256: Option<String>,
-    progress: &Progress,
-) -> Result<String, ActionError> {
-    let total = resp.content_length();
-    let read = Arc::new(Counter::default());
-    let written = Arc::new(Counter::default());
-    let (pump, body) = fetch::stream(resp, read.clone());
-    let dest_path = dest.to_string();
-    let w = written.clone();
-    let writer = tokio::task::spawn_blocking(move || {
-        write_image(
-            body,
-            Path::new(&dest_path),
-            compressed,
-            sha256.as_deref(),
-            &w,
-        )
-    });
+/// Awaits `pump` (the download) and `job` (its blocking writer) together,
+/// calling `tick` with the seconds elapsed every second until the writer
+/// is done.
+pub async fn drive<T: Send + 'static>(
+    pump: impl std::future::Future<Output = ()>,
+    job: tokio::task::JoinHandle<Result<T, ActionError>>,
+    mut tick: impl FnMut(f64),
+) -> Result<T, ActionError> {
     let t0 = Instant::now();
-    // The writer's progress every second until it is done.
     let watch = async {
-        tokio::pin!(writer);
+        tokio::pin!(job);
         loop {
             tokio::select! {
-                r = &mut writer => break r,
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {
-                    let secs = t0.elapsed().as_secs_f64();
-                    let of = total.map(|t| format!(" of {}", mib(t))).unwrap_or_default();
-                    progress.set(format!(
-                        "{source} -> {dest}: read {}{of}, wrote {} ({:.1} MB/s)",
-                        mib(read.get()),
-                        mib(written.get()),
-                        written.get() as f64 / 1e6 / secs
-                    ));
-                }
+                r = &mut job => break r,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => tick(t0.elapsed().as_secs_f64()),
             }
         }
     };
     let (_, done) = tokio::join!(pump, watch);
-    let w = done.map_err(|e| ActionError::Failed(format!("the writer stopped: {e}")))??;
+    done.map_err(|e| ActionError::Failed(format!("the writer stopped: {e}")))?
+}
+
+/// Fetches `resp` (of which `head` was already read) and writes it with
+/// [`write_image`], reporting progress.
+pub async fn stream_to_disk(
+    source: &str,
+    head: Bytes,
+    resp: reqwest::Response,
+    dest: &str,
+    compressed: bool,
+    sum: Option<Checksum>,
+    progress: &Progress,
+) -> Result<String, ActionError> {
+    let total = resp.content_length().map(|n| n + head.len() as u64);
+    let read = Arc::new(Counter::default());
+    let written = Arc::new(Counter::default());
+    let (pump, body) = fetch::stream_after(head, resp, read.clone());
+    let dest_path = dest.to_string();
+    let w = written.clone();
+    let writer = tokio::task::spawn_blocking(move || {
+        write_image(body, Path::new(&dest_path), compressed, sum.as_ref(), &w)
+    });
+    let w = drive(pump, writer, |secs| {
+        let of = total.map(|t| format!(" of {}", mib(t))).unwrap_or_default();
+        progress.set(format!(
+            "{source} -> {dest}: read {}{of}, wrote {} ({:.1} MB/s)",
+            mib(read.get()),
+            mib(written.get()),
+            written.get() as f64 / 1e6 / secs
+        ));
+    })
+    .await?;
     Ok(format!(
         "wrote {} to {dest} from {} {} in {:.1}s ({:.1} MB/s)",
         mib(w.bytes),
@@ -225,31 +289,70 @@ pub async fn stream_to_disk(
     ))
 }
 
-pub async fn image2disk(env: &Env<'_>, progress: &Progress) -> Result<String, ActionError> {
-    let url = env.required("IMG_URL")?;
-    let dest = env.required("DEST_DISK")?;
-    let compressed = env.flag("COMPRESSED", false)?;
-    let sha256 = checksum(env)?;
-    let resp = fetch::get(url).await?;
-    stream_to_disk(url, resp, dest, compressed, sha256, progress).await
+/// Bytes looked at to tell an image's format.
+const SNIFF: usize = 512;
+
+/// An image format of qemu-img's that this agent does not convert.
+fn foreign(head: &[u8]) -> Option<&'static str> {
+    if head.starts_with(b"KDMV") {
+        Some("vmdk")
+    } else if head.starts_with(b"vhdxfile") {
+        Some("vhdx")
+    } else if head.starts_with(b"conectix") {
+        Some("vpc (VHD)")
+    } else if head.get(64..68) == Some(&[0x7f, 0x10, 0xda, 0xbe]) {
+        Some("vdi")
+    } else {
+        None
+    }
 }
 
-/// `SHA256` (tinkerbox's addition): the hex sha256 of the image as served.
-pub fn checksum(env: &Env<'_>) -> Result<Option<String>, ActionError> {
-    match env.get("SHA256") {
-        None => Ok(None),
-        Some(s) if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            Ok(Some(s.to_ascii_lowercase()))
-        }
-        Some(s) => Err(ActionError::Env(format!(
-            "SHA256={s:?} is not 64 hex digits"
-        ))),
+/// image2disk: IMG_URL onto DEST_DISK, decompressed when COMPRESSED; a
+/// qcow2 image is converted whatever COMPRESSED says.
+pub async fn image2disk(env: &Env<'_>, progress: &Progress) -> Result<String, ActionError> {
+    let compressed = env.flag("COMPRESSED", false)?;
+    url_to_disk(env, progress, compressed, false).await
+}
+
+/// qemuimg2disk (upstream runs `qemu-img convert -O raw IMG_URL
+/// DEST_DISK`): qcow2 is converted, an image in no known format is
+/// written as raw (as qemu-img probes), another format is refused.
+pub async fn qemuimg2disk(env: &Env<'_>, progress: &Progress) -> Result<String, ActionError> {
+    url_to_disk(env, progress, false, true).await
+}
+
+async fn url_to_disk(
+    env: &Env<'_>,
+    progress: &Progress,
+    compressed: bool,
+    strict: bool,
+) -> Result<String, ActionError> {
+    let url = env.required("IMG_URL")?;
+    let dest = env.required("DEST_DISK")?;
+    let sum = checksum::from_env(env, url).await?;
+    let resp = fetch::get(url).await?;
+    let (head, resp) = fetch::peek(resp, SNIFF).await?;
+    if head.starts_with(qcow2::MAGIC) {
+        // The tables come first, by range reads; the file is fetched
+        // again, whole, after them.
+        drop(resp);
+        return qcow2::to_disk(url, dest, sum, progress).await;
     }
+    if strict {
+        let what = foreign(&head).or_else(|| sniff(&head).map(Format::as_str));
+        if let Some(what) = what {
+            return Err(ActionError::Failed(format!(
+                "{url} is {what}: qemuimg2disk here converts qcow2 and writes raw images, nothing else"
+            )));
+        }
+    }
+    stream_to_disk(url, head, resp, dest, compressed, sum, progress).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actions::fetch::Alg;
     use sha2::{Digest, Sha256};
     use std::io::Cursor;
 
@@ -269,7 +372,7 @@ mod tests {
     fn roundtrip(format: Format, packed: Vec<u8>) {
         let raw = image();
         let d = disk(8 << 20);
-        let sum = hex::encode(Sha256::digest(&packed));
+        let sum = Checksum::sha256(&hex::encode(Sha256::digest(&packed)), "SHA256");
         let n = Counter::default();
         let w = write_image(Cursor::new(packed), d.path(), true, Some(&sum), &n).unwrap();
         assert_eq!(w.format, format);
@@ -328,16 +431,43 @@ mod tests {
         let e = write_image(Cursor::new(raw.clone()), d.path(), true, None, &n).unwrap_err();
         assert!(e.to_string().contains("none of gzip"), "{e}");
 
-        // A wrong checksum fails the action.
-        let e = write_image(
-            Cursor::new(raw.clone()),
-            d.path(),
-            false,
-            Some(&"0".repeat(64)),
-            &n,
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("sha256 mismatch"), "{e}");
+        // A wrong checksum fails the action, saying both digests, and
+        // the disk's head is zeroed so that it does not boot.
+        let want = Checksum::sha256(&"0".repeat(64), "SHA256");
+        let e = write_image(Cursor::new(raw.clone()), d.path(), false, Some(&want), &n)
+            .unwrap_err()
+            .to_string();
+        let got = hex::encode(Sha256::digest(&raw));
+        assert!(e.contains("sha256 mismatch"), "{e}");
+        assert!(e.contains(&got) && e.contains(&want.hex), "{e}");
+        let disk = std::fs::read(d.path()).unwrap();
+        assert!(disk[..WIPE as usize].iter().all(|b| *b == 0));
+        assert_eq!(disk[WIPE as usize..raw.len()], raw[WIPE as usize..]);
+
+        // md5 and sha512, as CHECKSUM gives them.
+        for (alg, hex) in [
+            (
+                Alg::Md5,
+                hex::encode(<md5::Md5 as md5::Digest>::digest(&raw)),
+            ),
+            (Alg::Sha512, hex::encode(sha2::Sha512::digest(&raw))),
+        ] {
+            let sum = Checksum {
+                alg,
+                hex,
+                from: "CHECKSUM".into(),
+            };
+            write_image(Cursor::new(raw.clone()), d.path(), false, Some(&sum), &n).unwrap();
+            assert_eq!(std::fs::read(d.path()).unwrap()[..raw.len()], raw[..]);
+            let bad = Checksum {
+                hex: "f".repeat(alg.hex_len()),
+                ..sum
+            };
+            let e = write_image(Cursor::new(raw.clone()), d.path(), false, Some(&bad), &n)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("{} mismatch", alg.as_str())), "{e}");
+        }
 
         // A truncated gzip stream is an error, never a short success.
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -357,15 +487,5 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("opening DEST_DISK"), "{e}");
-    }
-
-    #[test]
-    fn checksum_env() {
-        let mut m = std::collections::BTreeMap::new();
-        assert_eq!(checksum(&Env(&m)).unwrap(), None);
-        m.insert("SHA256".into(), "AB".repeat(32));
-        assert_eq!(checksum(&Env(&m)).unwrap(), Some("ab".repeat(32)));
-        m.insert("SHA256".into(), "xyz".into());
-        assert!(checksum(&Env(&m)).is_err());
     }
 }

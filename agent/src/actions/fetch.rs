@@ -128,11 +128,24 @@ pub fn stream(
     resp: reqwest::Response,
     read: Arc<Counter>,
 ) -> (impl std::future::Future<Output = ()>, BodyReader) {
+    stream_after(Bytes::new(), resp, read)
+}
+
+/// [`stream`] of a body whose first bytes, `head`, were already taken
+/// off it (by [`peek`]).
+pub fn stream_after(
+    head: Bytes,
+    resp: reqwest::Response,
+    read: Arc<Counter>,
+) -> (impl std::future::Future<Output = ()>, BodyReader) {
     let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
-    let expect = resp.content_length();
+    // What is left of the body: hyper counts Content-Length down as the
+    // body is read.
+    let expect = resp.content_length().map(|n| n + head.len() as u64);
+    read.add(head.len() as u64);
+    let mut got = head.len() as u64;
     let pump = async move {
         let mut body = resp.bytes_stream();
-        let mut got = 0u64;
         while let Some(c) = body.next().await {
             match c {
                 Ok(b) => {
@@ -162,10 +175,40 @@ pub fn stream(
         pump,
         BodyReader {
             rx,
-            cur: Bytes::new(),
+            cur: head,
             done: false,
         },
     )
+}
+
+/// Chunks [`peek`] waits for at most: a server that trickles a byte at a
+/// time gets a shorter look, not a longer wait.
+const PEEK_CHUNKS: usize = 64;
+
+/// The first (up to) `n` bytes of `resp`'s body, taken off it, to tell
+/// the image's format before choosing how to write it; give them back
+/// with [`stream_after`].
+pub async fn peek(
+    mut resp: reqwest::Response,
+    n: usize,
+) -> Result<(Bytes, reqwest::Response), ActionError> {
+    let mut head = bytes::BytesMut::new();
+    for _ in 0..PEEK_CHUNKS {
+        if head.len() >= n {
+            break;
+        }
+        match resp.chunk().await {
+            Ok(Some(c)) => head.extend_from_slice(&c),
+            Ok(None) => break,
+            Err(e) => {
+                return Err(ActionError::Failed(format!(
+                    "download failed: {}",
+                    chain(&e)
+                )));
+            }
+        }
+    }
+    Ok((head.freeze(), resp))
 }
 
 pub fn mib(n: u64) -> String {
@@ -175,11 +218,39 @@ pub fn mib(n: u64) -> String {
 /// A checksum's algorithm, as the actions' variables name them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Alg {
+    Md5,
     Sha256,
     Sha512,
 }
 
+impl Alg {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Alg::Md5 => "md5",
+            Alg::Sha256 => "sha256",
+            Alg::Sha512 => "sha512",
+        }
+    }
+    /// How many hex digits its digest has.
+    pub fn hex_len(self) -> usize {
+        match self {
+            Alg::Md5 => 32,
+            Alg::Sha256 => 64,
+            Alg::Sha512 => 128,
+        }
+    }
+    /// The algorithm whose digest has `n` hex digits.
+    pub fn by_hex_len(n: usize) -> Option<Alg> {
+        [Alg::Md5, Alg::Sha256, Alg::Sha512]
+            .into_iter()
+            .find(|a| a.hex_len() == n)
+    }
+}
+
 enum Digest {
+    // md-5 0.11 is on digest 0.11, sha2 0.10 on digest 0.10: each is
+    // driven through its own crate's trait.
+    Md5(md5::Md5),
     Sha256(sha2::Sha256),
     Sha512(sha2::Sha512),
 }
@@ -195,6 +266,7 @@ impl<R> Hashing<R> {
     pub fn new(inner: R, alg: Option<Alg>) -> Self {
         use sha2::Digest as _;
         let hash = alg.map(|a| match a {
+            Alg::Md5 => Digest::Md5(<md5::Md5 as md5::Digest>::new()),
             Alg::Sha256 => Digest::Sha256(sha2::Sha256::new()),
             Alg::Sha512 => Digest::Sha512(sha2::Sha512::new()),
         });
@@ -205,6 +277,7 @@ impl<R> Hashing<R> {
     pub fn finish(self) -> Option<String> {
         use sha2::Digest as _;
         self.hash.map(|h| match h {
+            Digest::Md5(h) => hex::encode(md5::Digest::finalize(h)),
             Digest::Sha256(h) => hex::encode(h.finalize()),
             Digest::Sha512(h) => hex::encode(h.finalize()),
         })
@@ -217,6 +290,7 @@ impl<R: Read> Read for Hashing<R> {
         let n = self.inner.read(buf)?;
         match &mut self.hash {
             None => {}
+            Some(Digest::Md5(h)) => md5::Digest::update(h, &buf[..n]),
             Some(Digest::Sha256(h)) => h.update(&buf[..n]),
             Some(Digest::Sha512(h)) => h.update(&buf[..n]),
         }

@@ -5,11 +5,13 @@
 
 pub mod archive;
 pub mod cexec;
+pub mod checksum;
 pub mod disk;
 pub mod fetch;
 pub mod kexec;
 pub mod mount;
 pub mod oci;
+pub mod qcow2;
 pub mod writefile;
 
 use crate::action::{Action, Kind, kind_of};
@@ -174,14 +176,16 @@ pub async fn run_with_timeout(runner: &Runner, action: &Action, progress: Progre
 pub async fn run(runner: &Runner, action: &Action, progress: Progress) -> Outcome {
     let Some(kind) = kind_of(&action.image, &action.command) else {
         return Outcome::failed(format!(
-            "image {:?} is not an action tinkerbox-agent runs natively (image2disk, oci2disk, writefile, \
-             cexec, kexec, archive2disk, waitdaemon, reboot, poweroff) and this OSIE has no container runtime",
+            "image {:?} is not an action tinkerbox-agent runs natively (image2disk, qemuimg2disk, oci2disk, \
+             writefile, cexec, kexec, archive2disk, waitdaemon, reboot, poweroff) and this OSIE has no \
+             container runtime",
             action.image
         ));
     };
     let env = Env(&action.env);
     match kind {
         Kind::Image2Disk => disk::image2disk(&env, &progress).await.into(),
+        Kind::QemuImg2Disk => disk::qemuimg2disk(&env, &progress).await.into(),
         Kind::Oci2Disk => oci::oci2disk(&env, &runner.insecure_registries, &progress)
             .await
             .into(),

@@ -440,7 +440,8 @@ pub async fn oci2disk(
         manifest = m;
     }
     let layer = pick_layer(&manifest)?;
-    let sha = layer.digest.strip_prefix("sha256:").map(str::to_string);
+    let sha = (layer.digest.strip_prefix("sha256:"))
+        .map(|h| super::checksum::Checksum::sha256(h, "the layer's digest"));
     let resp = reg
         .get(
             &format!("/v2/{}/blobs/{}", r.repository, layer.digest),
@@ -448,7 +449,16 @@ pub async fn oci2disk(
         )
         .await?;
     let source = format!("{img} ({}, {} bytes)", layer.digest, layer.size);
-    let done = stream_to_disk(&source, resp, dest, compressed, sha, progress).await?;
+    let done = stream_to_disk(
+        &source,
+        bytes::Bytes::new(),
+        resp,
+        dest,
+        compressed,
+        sha,
+        progress,
+    )
+    .await?;
     Ok(format!(
         "{done}; layer {} of {img} from {}",
         layer.digest, reg.base
