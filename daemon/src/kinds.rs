@@ -30,6 +30,17 @@ pub enum Kind {
     /// Tinkerbell's enrollment rules.
     #[value(name = "workflowruleset", alias = "wrs", alias = "workflowrulesets")]
     WorkflowRuleSet,
+    /// Metal3's host.
+    #[value(
+        name = "baremetalhost",
+        alias = "bmh",
+        alias = "bmhost",
+        alias = "baremetalhosts"
+    )]
+    BareMetalHost,
+    /// Metal3's inspection report of a host.
+    #[value(name = "hardwaredata", alias = "hd")]
+    HardwareData,
 }
 
 impl Kind {
@@ -44,6 +55,8 @@ impl Kind {
             Kind::Task => "task.bmc.tinkerbell.org",
             Kind::Secret => "secret",
             Kind::WorkflowRuleSet => "workflowruleset.tinkerbell.org",
+            Kind::BareMetalHost => "baremetalhost.metal3.io",
+            Kind::HardwareData => "hardwaredata.metal3.io",
         }
     }
 
@@ -58,6 +71,8 @@ impl Kind {
             "Task" => Kind::Task,
             "Secret" => Kind::Secret,
             "WorkflowRuleSet" => Kind::WorkflowRuleSet,
+            "BareMetalHost" => Kind::BareMetalHost,
+            "HardwareData" => Kind::HardwareData,
             _ => return None,
         })
     }
@@ -82,6 +97,7 @@ pub enum Checked {
     Template(Template),
     Workflow(Workflow),
     RuleSet(RuleSet),
+    Host(Box<crate::metal3::model::Host>),
 }
 
 impl Checked {
@@ -91,6 +107,7 @@ impl Checked {
             Checked::Template(_) => Kind::Template,
             Checked::Workflow(_) => Kind::Workflow,
             Checked::RuleSet(_) => Kind::WorkflowRuleSet,
+            Checked::Host(_) => Kind::BareMetalHost,
             Checked::Bmc(bmc::Doc::Machine { .. }) => Kind::Machine,
             Checked::Bmc(bmc::Doc::Job { .. }) => Kind::Job,
             Checked::Bmc(bmc::Doc::Task { .. }) => Kind::Task,
@@ -108,12 +125,16 @@ pub fn check(doc: Value) -> Result<Checked, FieldError> {
         (model::API_VERSION, "Template") => model::template(doc).map(Checked::Template),
         (model::API_VERSION, "Workflow") => model::workflow(doc).map(Checked::Workflow),
         (rules::API_VERSION, rules::KIND) => rules::ruleset(doc).map(Checked::RuleSet),
+        (crate::metal3::API_VERSION, crate::metal3::KIND) => {
+            crate::metal3::model::host(doc).map(|h| Checked::Host(Box::new(h)))
+        }
         (bmc::API_VERSION, _) | ("v1", "Secret") => bmc::parse(doc).map(Checked::Bmc),
         _ => Err(FieldError::new(
             "kind",
             format!(
                 "{api}/{kind} is not a kind tinkerbox stores (tinkerbell.org/v1alpha1 Hardware, Template, \
-                 Workflow, WorkflowRuleSet; bmc.tinkerbell.org/v1alpha1 Machine, Job, Task; v1 Secret)"
+                 Workflow, WorkflowRuleSet; bmc.tinkerbell.org/v1alpha1 Machine, Job, Task; v1 Secret; \
+                 metal3.io/v1alpha1 BareMetalHost)"
             ),
         )),
     }

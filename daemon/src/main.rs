@@ -87,7 +87,7 @@ enum Command {
         #[arg(short, long)]
         namespace: Option<String>,
     },
-    /// Show a workflow in detail: tasks, actions, state, durations, messages, conditions
+    /// Show a workflow (tasks, actions, state, durations, messages, conditions) or a BareMetalHost (state, errors, operations, hardware) in detail
     Describe {
         #[arg(value_enum)]
         kind: DescribeKind,
@@ -297,6 +297,14 @@ struct ListArgs {
 enum DescribeKind {
     #[value(alias = "workflows", alias = "wf")]
     Workflow,
+    /// Metal3's host: its state, errors, operations and hardware.
+    #[value(
+        name = "baremetalhost",
+        alias = "bmh",
+        alias = "bmhost",
+        alias = "baremetalhosts"
+    )]
+    BareMetalHost,
 }
 
 #[derive(Subcommand)]
@@ -408,6 +416,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
             name,
             namespace,
         } => cli::objects::describe(&target(vec![]), name, namespace.as_deref()).await,
+        Command::Describe {
+            kind: DescribeKind::BareMetalHost,
+            name,
+            namespace,
+        } => cli::objects::describe_host(&target(vec![]), name, namespace.as_deref()).await,
         Command::Hardware { command } => match command {
             HardwareCommand::Apply { files, atomic } => {
                 cli::apply(&target(vec![]), files, *atomic, Some(Kind::Hardware)).await

@@ -89,6 +89,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     t.push(tokio::spawn(bmc.clone().inspect(inventory_every)));
                 }
             }
+            // BareMetalHosts (host mode only for now): carried out with
+            // both engines' parts.
+            if tink && rufio && app.kube.is_none() {
+                let c = crate::metal3::controller::Controller::new(
+                    app.store.clone(),
+                    app.services.clone(),
+                    app.http_base(),
+                );
+                t.push(tokio::spawn(c.run()));
+            }
             if let Some(p) = &port
                 && (tink || rufio)
             {
@@ -272,6 +282,7 @@ async fn open(
         )
         .with_link(link.clone()),
         discovery: crate::services::Discovery::new(config.discovery.clone(), public_ip),
+        metal3: crate::services::metal3::Metal3Service::new(store.clone(), sink.clone()),
         link,
     });
     let bmc = Arc::new(bmc::jobs::Runner::new(

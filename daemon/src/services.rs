@@ -26,6 +26,7 @@ use tokio::sync::{Mutex, Notify};
 
 pub mod cluster;
 pub mod discovery;
+pub mod metal3;
 pub use cluster::{Copy, Link, Owed};
 pub use discovery::Discovery;
 
@@ -915,6 +916,8 @@ pub struct Services {
     /// Zero touch: agents with no Hardware or no Workflow
     /// (`services/discovery.rs`).
     pub discovery: Discovery,
+    /// BareMetalHosts (`services/metal3.rs`).
+    pub metal3: metal3::Metal3Service,
     /// Kube mode: the cluster they write to, and the status owed to it.
     pub link: Arc<Link>,
 }

@@ -142,3 +142,33 @@ CREATE TABLE discovery_leases (
     updated_ms  INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX discovery_leases_mac ON discovery_leases (mac);
+
+-- Metal3 BareMetalHosts (metal3/): the document as applied, BMO's status
+-- (written by the lifecycle controller, checked against `version`, which
+-- every change of the document or the status bumps), and tinkerbox's own
+-- bookkeeping of the host (`private`: its Workflow runs, the inspection's
+-- report token, back-off), which the CRD's schema has no place for.
+CREATE TABLE baremetalhosts (
+    id          INTEGER PRIMARY KEY,
+    namespace   TEXT    NOT NULL,
+    name        TEXT    NOT NULL,
+    doc         TEXT    NOT NULL,
+    status      TEXT    NOT NULL DEFAULT '{}',
+    private     TEXT    NOT NULL DEFAULT '{}',
+    version     INTEGER NOT NULL DEFAULT 1,
+    created_ms  INTEGER NOT NULL,
+    updated_ms  INTEGER NOT NULL,
+    UNIQUE (namespace, name)
+);
+
+-- Metal3 HardwareData: a host's inspection report, written by the
+-- controller, named as its host.
+CREATE TABLE hardware_data (
+    id          INTEGER PRIMARY KEY,
+    namespace   TEXT    NOT NULL,
+    name        TEXT    NOT NULL,
+    doc         TEXT    NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    updated_ms  INTEGER NOT NULL,
+    UNIQUE (namespace, name)
+);

@@ -17,6 +17,7 @@ mod kube_cli;
 mod kube_ha;
 mod kube_supervisor;
 mod metadata;
+mod metal3;
 mod netns;
 mod tink;
 mod workflow;

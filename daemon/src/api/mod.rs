@@ -8,13 +8,15 @@
 //! GET    /api/v1/events[?namespace=NS&name=N&after=ID&limit=N]
 //! ```
 //! BMC documents: [`bmc`]; Templates, Workflows and `POST /api/v1/apply`
-//! (any kind): [`tink`]; the discovery pool's leases: [`discovery`].
+//! (any kind): [`tink`]; the discovery pool's leases: [`discovery`];
+//! BareMetalHosts and HardwareData: [`metal3`].
 //! Errors are `{"error": "...", "field": "spec.interfaces[0].dhcp.mac"}` with
 //! 400 (bad input), 401 (token), 404, 409 (MAC/IP owned by another
 //! Hardware, with `"conflict": "ns/name"`), 413 (body too large).
 
 pub mod bmc;
 pub mod discovery;
+pub mod metal3;
 pub mod tink;
 
 use crate::app::App;
@@ -131,6 +133,7 @@ pub fn router(app: Arc<App>, token: Arc<str>) -> Router {
         .merge(bmc::routes())
         .merge(tink::routes())
         .merge(discovery::routes())
+        .merge(metal3::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn_with_state(token, auth))

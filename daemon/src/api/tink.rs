@@ -54,7 +54,8 @@ pub fn routes() -> Router<Arc<App>> {
 /// Apply any mix of kinds. Every document is checked before anything is
 /// written, so a bad one changes nothing. Then, in the order things refer
 /// to each other: Secrets and BMC documents, Hardware, Templates and
-/// Workflows, each group in one transaction.
+/// Workflows, WorkflowRuleSets, BareMetalHosts, each group in one
+/// transaction.
 async fn apply(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -75,9 +76,14 @@ async fn apply(
     }
     // Where each document's outcome lands: (group, index in the group).
     for c in &checked {
-        super::not_mirrored(&app, c.kind())?;
+        if c.kind() == crate::kinds::Kind::BareMetalHost {
+            super::metal3::host_mode(&app)?;
+        } else {
+            super::not_mirrored(&app, c.kind())?;
+        }
     }
     let (mut hw, mut bmcs, mut tpls, mut wfs, mut sets) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut hosts = vec![];
     let mut order = Vec::with_capacity(checked.len());
     for c in checked {
         order.push(match c {
@@ -86,6 +92,7 @@ async fn apply(
             Checked::Template(t) => (2, push(&mut tpls, t)),
             Checked::Workflow(w) => (3, push(&mut wfs, w)),
             Checked::RuleSet(r) => (4, push(&mut sets, r)),
+            Checked::Host(h) => (5, push(&mut hosts, *h)),
         });
     }
     let bmc_out = if bmcs.is_empty() {
@@ -134,7 +141,17 @@ async fn apply(
         .zip(s_out)
         .map(|(s, o)| item(rules::KIND, &s.key, o))
         .collect();
-    let groups = [hw_items, bmc_items, t_items, w_items, s_items];
+    let h_out = if hosts.is_empty() {
+        vec![]
+    } else {
+        app.services.metal3.apply(&hosts).await?
+    };
+    let h_items: Vec<_> = hosts
+        .iter()
+        .zip(h_out)
+        .map(|(h, o)| item(crate::metal3::KIND, &h.key, o))
+        .collect();
+    let groups = [hw_items, bmc_items, t_items, w_items, s_items, h_items];
     let items: Vec<&Value> = order.iter().map(|&(g, i)| &groups[g][i]).collect();
     let created = items.iter().any(|i| i["result"] == "created");
     let status = if created {

@@ -44,6 +44,8 @@ pub async fn get(t: &Target, a: GetArgs<'_>) -> anyhow::Result<()> {
         Kind::Template => "/api/v1/templates",
         Kind::Workflow => "/api/v1/workflows",
         Kind::WorkflowRuleSet => "/api/v1/workflowrulesets",
+        Kind::BareMetalHost => "/api/v1/baremetalhosts",
+        Kind::HardwareData => "/api/v1/hardwaredata",
     };
     let ns = a
         .namespace
@@ -63,6 +65,9 @@ pub async fn get(t: &Target, a: GetArgs<'_>) -> anyhow::Result<()> {
         Kind::WorkflowRuleSet => show(&v, a.name.is_some(), a.output, |i| {
             ruleset_table(i, with_ns)
         }),
+        Kind::BareMetalHost => show(&v, a.name.is_some(), a.output, |i| {
+            host_table(i, with_ns, wide, crate::clock::now_ms())
+        }),
         _ => show(&v, a.name.is_some(), a.output, |i| {
             template_table(i, with_ns)
         }),
@@ -80,6 +85,21 @@ pub async fn delete(
         Kind::Template => "/api/v1/templates",
         Kind::Workflow => "/api/v1/workflows",
         Kind::WorkflowRuleSet => "/api/v1/workflowrulesets",
+        Kind::BareMetalHost => {
+            let ns = namespace.unwrap_or(hardware::DEFAULT_NAMESPACE).to_string();
+            Client::new(t)?
+                .call_ok(
+                    Method::DELETE,
+                    &format!("/api/v1/baremetalhosts/{}", encode(name)),
+                    &[("namespace", ns)],
+                    None,
+                )
+                .await?;
+            // As kubectl says it of an object with a finalizer: asked;
+            // the host is powered off and its parts removed before it goes.
+            println!("{}/{name} deleted", kind.resource());
+            return Ok(());
+        }
         other => bail!(
             "deleting a {} is not supported yet (apply a changed document instead)",
             other.resource()
@@ -191,6 +211,62 @@ fn workflow_table(items: &[Value], with_ns: bool, wide: bool) -> String {
     render_table(&rows)
 }
 
+/// kubectl's AGE: the largest unit or two (`45s`, `5m10s`, `3h`, `2d`).
+pub fn age(created: &str, now_ms: i64) -> String {
+    let Ok(t) = humantime::parse_rfc3339_weak(created) else {
+        return "<unknown>".into();
+    };
+    let created_ms = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    let s = (now_ms - created_ms).max(0) / 1000;
+    match s {
+        0..120 => format!("{s}s"),
+        120..600 => format!("{}m{}s", s / 60, s % 60),
+        600..10800 => format!("{}m", s / 60),
+        10800..172800 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+/// BMO's printer columns: NAME STATE CONSUMER ONLINE ERROR AGE, and with
+/// `-o wide` STATUS and BMC (where the CRD puts them).
+fn host_table(items: &[Value], with_ns: bool, wide: bool, now_ms: i64) -> String {
+    let mut head = vec!["NAMESPACE", "NAME"];
+    if wide {
+        head.push("STATUS");
+    }
+    head.extend(["STATE", "CONSUMER"]);
+    if wide {
+        head.push("BMC");
+    }
+    head.extend(["ONLINE", "ERROR", "AGE"]);
+    let mut rows = vec![head.into_iter().map(String::from).collect::<Vec<_>>()];
+    for h in items {
+        let c = crate::metal3::model::row(h);
+        let mut r = vec![
+            s(h, "/metadata/namespace").to_string(),
+            s(h, "/metadata/name").into(),
+        ];
+        if wide {
+            r.push(c.status);
+        }
+        r.extend([c.state, c.consumer]);
+        if wide {
+            r.push(c.bmc);
+        }
+        r.extend([
+            c.online,
+            c.error,
+            age(s(h, "/metadata/creationTimestamp"), now_ms),
+        ]);
+        rows.push(r);
+    }
+    strip_ns(&mut rows, with_ns);
+    render_table(&rows)
+}
+
 fn strip_ns(rows: &mut [Vec<String>], with_ns: bool) {
     if !with_ns {
         for r in rows.iter_mut() {
@@ -209,6 +285,140 @@ pub async fn describe(t: &Target, name: &str, namespace: Option<&str>) -> anyhow
         .await?;
     print!("{}", describe_text(&v));
     Ok(())
+}
+
+/// `describe bmh NAME`: the host's spec in brief, its state and error,
+/// its operations' times, what inspection found, and its parts.
+pub async fn describe_host(t: &Target, name: &str, namespace: Option<&str>) -> anyhow::Result<()> {
+    let ns = namespace.unwrap_or(hardware::DEFAULT_NAMESPACE).to_string();
+    let v = Client::new(t)?
+        .get_one_or_list("/api/v1/baremetalhosts", Some(name), Some(ns))
+        .await?;
+    print!("{}", describe_host_text(&v));
+    Ok(())
+}
+
+pub fn describe_host_text(h: &Value) -> String {
+    let mut out = String::new();
+    let mut line = |k: &str, v: &str| out.push_str(&format!("{k:<24}{v}\n"));
+    let j = |p: &str| {
+        h.pointer(p)
+            .map(|v| match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .filter(|v| !v.is_empty() && v != "null")
+            .unwrap_or_else(|| "-".into())
+    };
+    line("Name:", s(h, "/metadata/name"));
+    line("Namespace:", s(h, "/metadata/namespace"));
+    line("Online:", &j("/spec/online"));
+    line("BMC:", &j("/spec/bmc/address"));
+    line("Boot MAC:", &j("/spec/bootMACAddress"));
+    line("Image:", &j("/spec/image/url"));
+    line("Consumer:", &j("/spec/consumerRef/name"));
+    line("State:", &j("/status/provisioning/state"));
+    line("Operational Status:", &j("/status/operationalStatus"));
+    line("Powered On:", &j("/status/poweredOn"));
+    if !s(h, "/status/errorType").is_empty() {
+        line(
+            "Error:",
+            &format!(
+                "{}: {}",
+                s(h, "/status/errorType"),
+                s(h, "/status/errorMessage")
+            ),
+        );
+    }
+    line("Error Count:", &j("/status/errorCount"));
+    line(
+        "Provisioning Failures:",
+        &j("/status/provisioningFailCount"),
+    );
+    line("Provisioned Image:", &j("/status/provisioning/image/url"));
+    line("Last Updated:", &j("/status/lastUpdated"));
+    if !s(h, "/metadata/deletionTimestamp").is_empty() {
+        line("Deleting Since:", s(h, "/metadata/deletionTimestamp"));
+    }
+    let mut rows = vec![vec![
+        "  OPERATION".to_string(),
+        "START".into(),
+        "END".into(),
+    ]];
+    for op in ["register", "inspect", "provision", "deprovision"] {
+        let start = s(h, &format!("/status/operationHistory/{op}/start"));
+        if start.is_empty() {
+            continue;
+        }
+        rows.push(vec![
+            format!("  {op}"),
+            start.into(),
+            or_dash(s(h, &format!("/status/operationHistory/{op}/end"))),
+        ]);
+    }
+    if rows.len() > 1 {
+        out.push_str("Operations:\n");
+        out.push_str(&render_table(&rows));
+    }
+    if let Some(hw) = h.pointer("/status/hardware") {
+        out.push_str("Hardware:\n");
+        let f = |p: &str| {
+            hw.pointer(p)
+                .map(|v| {
+                    v.as_str()
+                        .map(String::from)
+                        .unwrap_or_else(|| v.to_string())
+                })
+                .unwrap_or_default()
+        };
+        out.push_str(&format!(
+            "  {} {} (serial {})\n  CPU: {} x {} {}\n  RAM: {} MiB\n",
+            f("/systemVendor/manufacturer"),
+            f("/systemVendor/productName"),
+            f("/systemVendor/serialNumber"),
+            f("/cpu/count"),
+            f("/cpu/arch"),
+            f("/cpu/model"),
+            f("/ramMebibytes"),
+        ));
+        for d in hw
+            .get("storage")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            out.push_str(&format!(
+                "  disk {} {} bytes {} {}\n",
+                s(d, "/name"),
+                d.get("sizeBytes").map(Value::to_string).unwrap_or_default(),
+                s(d, "/type"),
+                s(d, "/model"),
+            ));
+        }
+        for n in hw
+            .get("nics")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            out.push_str(&format!(
+                "  nic {} {} {}{}\n",
+                s(n, "/name"),
+                s(n, "/mac"),
+                s(n, "/ip"),
+                if n.get("pxe") == Some(&Value::Bool(true)) {
+                    " (boot)"
+                } else {
+                    ""
+                },
+            ));
+        }
+    }
+    let name = s(h, "/metadata/name");
+    out.push_str(&format!(
+        "Parts:\n  Hardware {name}, BMC Machine {name}, Workflows {name}-inspect, {name}-provision, {name}-deprovision\n"
+    ));
+    out
 }
 
 pub fn describe_text(w: &Value) -> String {

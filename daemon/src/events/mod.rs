@@ -127,6 +127,12 @@ pub enum Kind {
     /// A WorkflowRuleSet enrolled an agent (or enrollment failed).
     #[serde(rename = "discovery.enrolled")]
     DiscoveryEnrolled,
+    /// A BareMetalHost's provisioning state changed.
+    #[serde(rename = "metal3.state")]
+    Metal3State,
+    /// A BareMetalHost's operation failed (BMO's errorType and message).
+    #[serde(rename = "metal3.error")]
+    Metal3Error,
     #[cfg(test)]
     #[serde(rename = "test")]
     Test,
@@ -170,6 +176,8 @@ impl Kind {
             Kind::BmcFailed => "bmc.failed",
             Kind::BmcPowerChanged => "bmc.power_changed",
             Kind::BmcInventory => "bmc.inventory",
+            Kind::Metal3State => "metal3.state",
+            Kind::Metal3Error => "metal3.error",
             Kind::WorkflowState => "workflow.state",
             Kind::WorkflowActionStarted => "workflow.action_started",
             Kind::WorkflowActionSucceeded => "workflow.action_succeeded",

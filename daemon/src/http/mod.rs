@@ -38,6 +38,12 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/auto.ipxe", get(script_by_ip))
         .route("/ipxe/script/{mac}/auto.ipxe", get(script_by_mac))
         .route("/ipxe/binary/{file}", get(binary))
+        .route(
+            "/metal3/v1/inspection/{namespace}/{name}/{token}",
+            axum::routing::post(inspection_report).layer(axum::extract::DefaultBodyLimit::max(
+                crate::metal3::details::REPORT_MAX_BYTES,
+            )),
+        )
         .nest_service("/artifacts", artifacts)
         .merge(crate::metadata::http::router(app.clone()))
         .layer(middleware::from_fn_with_state(
@@ -46,6 +52,32 @@ pub fn router(app: Arc<App>) -> Router {
         ))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") });
     counted(router, metrics, "public").with_state(app)
+}
+
+/// A BareMetalHost's inspection report, from the agent's `inspect`
+/// action: taken when the URL's secret is the host's current inspection's
+/// (Ironic's inspector takes its callback unauthenticated too; this one
+/// needs the secret the Workflow carried).
+async fn inspection_report(
+    State(app): State<Arc<App>>,
+    axum::extract::Path((namespace, name, token)): axum::extract::Path<(String, String, String)>,
+    body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
+) -> (StatusCode, String) {
+    use crate::services::metal3::ReportError;
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return (e.status(), format!("{}\n", e.body_text())),
+    };
+    let key = crate::hardware::Key::new(namespace, name);
+    match app.services.metal3.report(&key, &token, &body).await {
+        Ok(()) => (StatusCode::NO_CONTENT, String::new()),
+        Err(e @ ReportError::Unknown) => (StatusCode::NOT_FOUND, format!("{e}\n")),
+        Err(e @ ReportError::Invalid(_)) => (StatusCode::BAD_REQUEST, format!("{e}\n")),
+        Err(e @ ReportError::Store(_)) => {
+            tracing::warn!(host = %key, error = %e, "metal3: cannot keep an inspection report");
+            (StatusCode::SERVICE_UNAVAILABLE, "try again\n".into())
+        }
+    }
 }
 
 /// `router` with every answer counted in

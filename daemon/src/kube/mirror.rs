@@ -62,6 +62,8 @@ pub fn resource(kind: Kind) -> ApiResource {
         Kind::Job => ("bmc.tinkerbell.org", "v1alpha1", "jobs"),
         Kind::Task => ("bmc.tinkerbell.org", "v1alpha1", "tasks"),
         Kind::Secret => ("", "v1", "secrets"),
+        Kind::BareMetalHost => ("metal3.io", "v1alpha1", "baremetalhosts"),
+        Kind::HardwareData => ("metal3.io", "v1alpha1", "hardwaredata"),
     };
     let name = kind_name(kind);
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, name), plural)
@@ -78,6 +80,8 @@ pub fn kind_name(kind: Kind) -> &'static str {
         Kind::Job => "Job",
         Kind::Task => "Task",
         Kind::Secret => "Secret",
+        Kind::BareMetalHost => "BareMetalHost",
+        Kind::HardwareData => "HardwareData",
     }
 }
 
@@ -422,6 +426,7 @@ mod tests {
                 Default::default(),
                 std::net::Ipv4Addr::LOCALHOST,
             ),
+            metal3: crate::services::metal3::Metal3Service::new(store.clone(), sink.clone()),
             link: Arc::default(),
         });
         let (dummy, _) = mock::client(vec![]);

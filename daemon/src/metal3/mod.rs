@@ -11,6 +11,7 @@
 //! `services::metal3`.
 
 pub mod bmc_url;
+pub mod controller;
 pub mod details;
 pub mod model;
 pub mod owned;

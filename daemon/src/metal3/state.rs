@@ -24,16 +24,6 @@ pub enum Run {
     Failed(String),
 }
 
-/// Whether tinkerbox reached the host's BMC with its credentials.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Contact {
-    /// Not tried yet since the BMC Machine was made or changed.
-    #[default]
-    Unknown,
-    Ok,
-    Failed(String),
-}
-
 /// What tinkerbox knows of the parts, at one pass.
 #[derive(Debug, Clone)]
 pub struct Observed {
@@ -42,7 +32,9 @@ pub struct Observed {
     pub now: String,
     /// The credentials Secret: its version, or why it is unusable.
     pub credentials: Result<String, String>,
-    pub contact: Contact,
+    /// The current run's BMC check (a power-status job through the
+    /// host's BMC Machine, with its credentials).
+    pub register: Run,
     /// The BMC's last power reading.
     pub power: Option<bool>,
     pub inspection: Run,
@@ -57,7 +49,7 @@ impl Default for Observed {
             now_ms: 0,
             now: String::new(),
             credentials: Err("not read yet".into()),
-            contact: Contact::Unknown,
+            register: Run::None,
             power: None,
             inspection: Run::None,
             provision: Run::None,
@@ -89,6 +81,10 @@ pub struct Private {
     /// The power the last power job asked for.
     #[serde(default)]
     pub power_target: Option<bool>,
+    /// Counts the power jobs made for the host: only the newest is
+    /// observed.
+    #[serde(default)]
+    pub power_seq: u64,
     /// Failed deprovisioning attempts of a host being deleted.
     #[serde(default)]
     pub delete_attempts: u32,
@@ -104,13 +100,16 @@ pub enum Do {
     /// Make or bring up to date the Hardware and BMC Machine the host
     /// owns.
     EnsureParts,
+    /// Check the BMC with the credentials: a power-status job of the
+    /// current run.
+    CheckBmc,
     /// Start a new inspection run (the inspection Workflow, netbooted).
     Inspect,
     /// Start provisioning onto this disk (by its name in the report).
     Provision { disk: String },
     /// Start a new cleaning run (the wipe Workflow, netbooted).
     Deprovision,
-    /// A power job to this state.
+    /// A power job to this state (the next of `power_seq`).
     Power(bool),
     /// Write the HardwareData object of the host from this report.
     SaveHardwareData(Value),
@@ -199,6 +198,13 @@ impl Pass<'_> {
         self.p.run += 1;
     }
 
+    /// A new power job to `on`.
+    fn power(&mut self, on: bool) {
+        self.p.power_target = Some(on);
+        self.p.power_seq += 1;
+        self.todo.push(Do::Power(on));
+    }
+
     /// `online` enforced through the BMC (BMO's `manageHostPower`).
     fn manage_power(&mut self) {
         let want = self.host.spec.online || self.host.spec.disable_power_off;
@@ -223,9 +229,10 @@ impl Pass<'_> {
             }
             return;
         }
-        if self.obs.power.is_some() && self.may_retry() {
-            self.p.power_target = Some(want);
-            self.todo.push(Do::Power(want));
+        // A job that did it already: the reading catches up.
+        let done = self.obs.power_job == Run::Succeeded && self.p.power_target == Some(want);
+        if self.obs.power.is_some() && !done && self.may_retry() {
+            self.power(want);
         }
     }
 
@@ -364,15 +371,20 @@ fn registering(p: &mut Pass) {
     };
     p.s.tried_credentials = Some(tried.clone());
     p.todo.push(Do::EnsureParts);
-    match &p.obs.contact {
-        Contact::Unknown => {}
-        Contact::Failed(m) => {
-            if p.s.error_message != *m || p.may_retry() {
-                let m = m.clone();
-                p.fail(ErrorType::Registration, m);
+    match &p.obs.register {
+        Run::Running => {}
+        Run::None => {
+            if p.may_retry() {
+                p.todo.push(Do::CheckBmc);
             }
         }
-        Contact::Ok => {
+        Run::Failed(m) => {
+            let m = m.clone();
+            p.fail(ErrorType::Registration, m);
+            // The next check is a new run, after the back-off.
+            p.new_run();
+        }
+        Run::Succeeded => {
             p.clear_error();
             p.s.error_count = 0;
             p.s.good_credentials = Some(tried);
@@ -544,9 +556,10 @@ fn deprovisioning(p: &mut Pass) {
         if p.obs.power == Some(false) {
             true
         } else {
-            if !matches!(p.obs.power_job, Run::Running) && p.obs.power.is_some() {
-                p.p.power_target = Some(false);
-                p.todo.push(Do::Power(false));
+            let asked = p.p.power_target == Some(false)
+                && matches!(p.obs.power_job, Run::Running | Run::Succeeded);
+            if !asked && p.obs.power.is_some() {
+                p.power(false);
             }
             false
         }
@@ -599,13 +612,11 @@ fn reboot_annotation(p: &mut Pass) {
     match (p.p.reboot_phase, p.obs.power) {
         (0, _) => {
             p.p.reboot_phase = 1;
-            p.p.power_target = Some(false);
-            p.todo.push(Do::Power(false));
+            p.power(false);
         }
         (1, Some(false)) if job_done => {
             p.p.reboot_phase = 2;
-            p.p.power_target = Some(true);
-            p.todo.push(Do::Power(true));
+            p.power(true);
         }
         // Done; the annotation's removal may not be seen at once: never a
         // second cycle for it.
@@ -639,8 +650,7 @@ fn deleting(p: &mut Pass) {
                     p.p.power_target = None;
                 }
                 _ if p.may_retry() => {
-                    p.p.power_target = Some(false);
-                    p.todo.push(Do::Power(false));
+                    p.power(false);
                 }
                 _ => {}
             }
@@ -708,12 +718,14 @@ mod tests {
         );
         (s, p) = (st.status, st.private);
 
-        // Registering: the parts are made; the BMC not reached yet.
+        // Registering: the parts are made and the BMC checked.
         let st = go(&h, &s, &p, &o);
-        assert_eq!(st.todo, vec![Do::EnsureParts]);
+        assert_eq!(st.todo, vec![Do::EnsureParts, Do::CheckBmc]);
         assert_eq!(st.status.provisioning.state, S::Registering);
+        o.register = Run::Running;
+        assert_eq!(go(&h, &s, &p, &o).todo, vec![Do::EnsureParts]);
         // Reached: inspection starts with a new run.
-        o.contact = Contact::Ok;
+        o.register = Run::Succeeded;
         o.now_ms = 2;
         o.now = "t2".into();
         let st = go(&h, &s, &p, &o);
@@ -735,6 +747,7 @@ mod tests {
         (s, p) = (st.status, st.private);
 
         // The Workflow runs; the report arrives; it ends.
+        o.register = Run::None;
         o.inspection = Run::Running;
         assert!(go(&h, &s, &p, &o).todo.is_empty());
         p.report = Some(report());
@@ -825,16 +838,23 @@ mod tests {
         let mut s = Status::default();
         s.provisioning.state = S::Registering;
         let mut o = obs(1000);
-        o.contact = Contact::Failed("BMC refused the credentials".into());
+        o.register = Run::Failed("BMC refused the credentials".into());
         let st = go(&h, &s, &Private::default(), &o);
         assert_eq!(st.status.error_type, Some(ErrorType::Registration));
         assert_eq!(st.status.operational_status, OperationalStatus::Error);
         assert_eq!(st.status.error_count, 1);
         assert_eq!(st.private.retry_at_ms, 1000 + 120_000);
-        // The same failure before the back-off is not counted again.
+        assert_eq!(st.private.run, 1);
+        // The failed run is not read again; no new check before the
+        // back-off.
+        o.register = Run::None;
         let st2 = go(&h, &st.status, &st.private, &o);
         assert_eq!(st2.status.error_count, 1);
+        assert_eq!(st2.todo, vec![Do::EnsureParts]);
         o.now_ms = 1000 + 120_000;
+        let st2 = go(&h, &st2.status, &st2.private, &o);
+        assert_eq!(st2.todo, vec![Do::EnsureParts, Do::CheckBmc]);
+        o.register = Run::Failed("BMC refused the credentials".into());
         let st3 = go(&h, &st2.status, &st2.private, &o);
         assert_eq!(st3.status.error_count, 2);
         // Missing credentials say so.
@@ -844,7 +864,7 @@ mod tests {
         assert_eq!(st.status.error_message, "Secret lab/bmc not found");
         // Reached at last: the error is gone and the count reset.
         let mut o = obs(10_000_000);
-        o.contact = Contact::Ok;
+        o.register = Run::Succeeded;
         let st = go(&h, &st3.status, &st3.private, &o);
         assert_eq!(st.status.error_count, 0);
         assert_eq!(st.status.error_message, "");
@@ -860,7 +880,7 @@ mod tests {
         let mut s = Status::default();
         s.provisioning.state = S::Registering;
         let mut o = obs(1);
-        o.contact = Contact::Ok;
+        o.register = Run::Succeeded;
         let st = go(&h, &s, &Private::default(), &o);
         assert_eq!(st.status.provisioning.state, S::Preparing);
         let st = go(&h, &st.status, &st.private, &o);

@@ -39,6 +39,7 @@ impl MirrorItem {
             Checked::Template(t) => &t.key,
             Checked::Workflow(w) => &w.key,
             Checked::RuleSet(r) => &r.key,
+            Checked::Host(h) => &h.key,
             Checked::Bmc(Doc::Machine { key, .. })
             | Checked::Bmc(Doc::Job { key, .. })
             | Checked::Bmc(Doc::Task { key, .. })
@@ -78,6 +79,14 @@ fn keys_sql(kind: Kind) -> Option<(&'static str, &'static str)> {
             "SELECT namespace, name FROM bmc_jobs WHERE kind = 'Task'",
             "DELETE FROM bmc_jobs WHERE namespace = ? AND name = ? AND kind = 'Task'",
         ),
+        Kind::BareMetalHost => (
+            "SELECT namespace, name FROM baremetalhosts",
+            "DELETE FROM baremetalhosts WHERE namespace = ? AND name = ?",
+        ),
+        Kind::HardwareData => (
+            "SELECT namespace, name FROM hardware_data",
+            "DELETE FROM hardware_data WHERE namespace = ? AND name = ?",
+        ),
         Kind::Hardware => return None,
     })
 }
@@ -99,6 +108,8 @@ fn uid_sql(kind: Kind) -> Option<(&'static str, &'static str)> {
         Kind::WorkflowRuleSet => uid!("workflow_rulesets"),
         Kind::Machine => uid!("bmc_machines"),
         Kind::Job | Kind::Task => uid!("bmc_jobs"),
+        Kind::BareMetalHost => uid!("baremetalhosts"),
+        Kind::HardwareData => uid!("hardware_data"),
         Kind::Hardware | Kind::Secret => return None,
     })
 }
@@ -172,6 +183,7 @@ impl Store {
                 Checked::RuleSet(r) => {
                     upsert_document(&mut tx, DocTable::RuleSets, &r.key, &r.doc).await?
                 }
+                Checked::Host(h) => super::metal3::upsert_host(&mut tx, h).await?,
                 Checked::Workflow(w) => {
                     // Deleted and made again under its name while unwatched:
                     // a new Workflow, whose status is not the old one's.

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 pub mod bmc;
 pub mod leases;
+pub mod metal3;
 pub mod mirror;
 pub mod workflow;
 

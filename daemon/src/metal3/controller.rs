@@ -1,0 +1,418 @@
+//! The lifecycle controller: the tokio shell around [`super::state`]. Each
+//! pass reads every host, observes its parts (its Secret, BMC Machine and
+//! jobs, Workflows), steps the state machine, saves the status (checked
+//! against the version read) and then does what the step asked, through
+//! the services. Woken by every write to a host, else every few seconds
+//! (the Workflows and BMC jobs it watches change under it).
+
+use super::model::{self, Host};
+use super::owned::{self, Operation};
+use super::state::{self, Do, Observed, Run};
+use crate::bmc::PowerAction;
+use crate::bmc::model::Action;
+use crate::clock::now_ms;
+use crate::hardware::Key;
+use crate::services::Services;
+use crate::services::metal3::Metal3Service;
+use crate::store::metal3::{HostRow, rfc3339};
+use crate::store::workflow::TinkKind;
+use crate::store::{Store, StoreError};
+use crate::workflow::model::State as WfState;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A pass at least this often, woken or not.
+const PASS_EVERY: Duration = Duration::from_secs(2);
+
+pub struct Controller {
+    store: Store,
+    services: Arc<Services>,
+    /// `http://<public_ip>:<port>`: where the agents send inspection
+    /// reports.
+    http_base: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum PassError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Service(#[from] crate::services::Error),
+}
+
+impl Controller {
+    pub fn new(store: Store, services: Arc<Services>, http_base: String) -> Self {
+        Controller {
+            store,
+            services,
+            http_base,
+        }
+    }
+
+    pub async fn run(self) {
+        let wake = self.services.metal3.wake.clone();
+        loop {
+            match self.store.hosts(None).await {
+                Ok(hosts) => {
+                    for row in hosts {
+                        let key = row.key.clone();
+                        if let Err(e) = self.one(row).await {
+                            tracing::warn!(host = %key, error = %e, "metal3: pass failed; next pass retries");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "metal3: cannot list BareMetalHosts"),
+            }
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(PASS_EVERY) => {}
+            }
+        }
+    }
+
+    async fn one(&self, row: HostRow) -> Result<(), PassError> {
+        // The stored document was checked at apply; one that no longer
+        // reads (an older build's) is left alone, with the reason logged.
+        let host = match model::host(row.doc.clone()) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(host = %row.key, error = %e, "metal3: stored host does not read; skipped");
+                return Ok(());
+            }
+        };
+        let obs = self.observe(&host, &row).await?;
+        let step = state::step(&host, &row.status, &row.private, &obs, jitter());
+        let mut private = step.private.clone();
+        let mut doc = None;
+        for d in &step.todo {
+            match d {
+                Do::Inspect => private.token = token(),
+                Do::RemoveAnnotation(a) => {
+                    let base = doc.as_ref().unwrap_or(&row.doc);
+                    if let Some(d) = Metal3Service::without_annotation(base, a) {
+                        doc = Some(d);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let finalize = step.todo.contains(&Do::Finalize);
+        if !finalize && (step.status != row.status || private != row.private || doc.is_some()) {
+            match self
+                .services
+                .metal3
+                .save(&row, doc.as_ref(), &step.status, &private)
+                .await
+            {
+                Ok(_) => {}
+                // Changed under this pass: the next one reads it again.
+                Err(StoreError::Stale { .. }) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let saved = HostRow {
+            status: step.status.clone(),
+            private: private.clone(),
+            ..row
+        };
+        for d in step.todo {
+            self.carry_out(&host, &saved, d).await?;
+        }
+        Ok(())
+    }
+
+    async fn observe(&self, host: &Host, row: &HostRow) -> Result<Observed, PassError> {
+        let now_ms = u64::try_from(now_ms()).unwrap_or(0);
+        let ns = &host.key.namespace;
+        let credentials = match host.spec.bmc.as_ref().map(|b| b.credentials_name.as_str()) {
+            None | Some("") => Err("spec.bmc.credentialsName is not set".to_string()),
+            Some(name) => {
+                let k = Key::new(ns.clone(), name);
+                match self.store.secret_version(&k).await? {
+                    Some(v) => Ok(v.to_string()),
+                    None => Err(format!(
+                        "the BMC credentials Secret {k} was not found (it needs keys username and password)"
+                    )),
+                }
+            }
+        };
+        let machine = self.store.bmc_machine(&host.key).await?;
+        let power = machine.and_then(|m| match m.power_state {
+            crate::bmc::PowerState::On => Some(true),
+            crate::bmc::PowerState::Off => Some(false),
+            crate::bmc::PowerState::Unknown => None,
+        });
+        let p = &row.private;
+        let run = p.run.to_string();
+        Ok(Observed {
+            now_ms,
+            now: rfc3339(i64::try_from(now_ms).unwrap_or(0)),
+            credentials,
+            register: self.job(&job_key(host, "register"), &run).await?,
+            power,
+            inspection: self.workflow(host, Operation::Inspect, &run).await?,
+            provision: self.workflow(host, Operation::Provision, &run).await?,
+            deprovision: self.workflow(host, Operation::Deprovision, &run).await?,
+            power_job: self
+                .job(&job_key(host, "power"), &p.power_seq.to_string())
+                .await?,
+        })
+    }
+
+    async fn job(&self, key: &Key, run: &str) -> Result<Run, PassError> {
+        use crate::store::bmc::State;
+        Ok(match self.store.job_run(key).await? {
+            Some(j) if j.run.as_deref() == Some(run) => match j.state {
+                State::Pending | State::Running => Run::Running,
+                State::Completed => Run::Succeeded,
+                State::Failed => {
+                    Run::Failed(j.message.unwrap_or_else(|| "the BMC job failed".into()))
+                }
+            },
+            _ => Run::None,
+        })
+    }
+
+    async fn workflow(&self, host: &Host, op: Operation, run: &str) -> Result<Run, PassError> {
+        let Some(w) = self.store.workflow(&op.key(&host.key)).await? else {
+            return Ok(Run::None);
+        };
+        let ours = w
+            .doc
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(owned::RUN_ANNOTATION))
+            .and_then(Value::as_str)
+            == Some(run);
+        if !ours {
+            return Ok(Run::None);
+        }
+        Ok(match w.status.state {
+            WfState::Success => Run::Succeeded,
+            WfState::Failed | WfState::Timeout => Run::Failed(failure(&w.status)),
+            _ => Run::Running,
+        })
+    }
+
+    async fn carry_out(&self, host: &Host, row: &HostRow, d: Do) -> Result<(), PassError> {
+        let s = &self.services;
+        match d {
+            Do::EnsureParts => self.ensure_parts(host, row).await?,
+            Do::CheckBmc => {
+                let status = Action {
+                    power_action: Some(PowerAction::Status),
+                    ..Action::default()
+                };
+                s.bmc
+                    .start_named_job(
+                        &job_key(host, "register"),
+                        &host.key,
+                        vec![status],
+                        &row.private.run.to_string(),
+                    )
+                    .await?;
+            }
+            Do::Power(on) => {
+                let a = Action {
+                    power_action: Some(if on {
+                        PowerAction::On
+                    } else {
+                        PowerAction::Off
+                    }),
+                    ..Action::default()
+                };
+                s.bmc
+                    .start_named_job(
+                        &job_key(host, "power"),
+                        &host.key,
+                        vec![a],
+                        &row.private.power_seq.to_string(),
+                    )
+                    .await?;
+            }
+            Do::Inspect => {
+                let callback = format!(
+                    "{}/metal3/v1/inspection/{}/{}/{}",
+                    self.http_base, host.key.namespace, host.key.name, row.private.token
+                );
+                let actions = owned::inspect_actions(host, &callback);
+                self.operation(host, row, Operation::Inspect, actions)
+                    .await?;
+            }
+            Do::Provision { disk } => {
+                let Some(image) = host.spec.image() else {
+                    return Ok(());
+                };
+                let actions = owned::provision_actions(host, image, &disk);
+                self.operation(host, row, Operation::Provision, actions)
+                    .await?;
+            }
+            Do::Deprovision => {
+                self.operation(
+                    host,
+                    row,
+                    Operation::Deprovision,
+                    owned::deprovision_actions(),
+                )
+                .await?;
+            }
+            Do::SaveHardwareData(report) => s.metal3.save_hardware_data(row, &report).await?,
+            // Done in the status write.
+            Do::RemoveAnnotation(_) => {}
+            Do::Finalize => self.finalize(host).await?,
+        }
+        Ok(())
+    }
+
+    /// The host's Hardware and BMC Machine, made or brought up to date
+    /// (an apply of the same documents changes nothing).
+    async fn ensure_parts(&self, host: &Host, row: &HostRow) -> Result<(), PassError> {
+        let s = &self.services;
+        if let Some(bmc) = &host.bmc {
+            let m = crate::bmc::model::parse(owned::machine(host, bmc))
+                .map_err(crate::services::Error::Invalid)?;
+            s.bmc.apply(&[m]).await?;
+        }
+        let id = if row.status.provisioning.id.is_empty() {
+            host.uid().unwrap_or(&host.key.name).to_string()
+        } else {
+            row.status.provisioning.id.clone()
+        };
+        let hw = crate::hardware::validate(owned::hardware(host, &id, None))
+            .map_err(crate::services::Error::Invalid)?;
+        // A Hardware of the name that is not this host's is the user's:
+        // never taken over.
+        if let Some(existing) = self.store.get(&host.key).await?
+            && existing
+                .pointer(&format!(
+                    "/metadata/labels/{}",
+                    super::OWNER_LABEL.replace('/', "~1")
+                ))
+                .and_then(Value::as_str)
+                != Some(host.key.name.as_str())
+        {
+            return Err(
+                crate::services::Error::Invalid(crate::hardware::FieldError::new(
+                    "metadata.name",
+                    format!("Hardware {} exists and is not this host's", host.key),
+                ))
+                .into(),
+            );
+        }
+        s.hardware
+            .apply(vec![hw])
+            .await
+            .map_err(crate::services::Error::from)?;
+        Ok(())
+    }
+
+    /// A new run of `op`: its Template written, the Workflow of an earlier
+    /// run deleted and this run's made (netbooted by the engine).
+    async fn operation(
+        &self,
+        host: &Host,
+        row: &HostRow,
+        op: Operation,
+        actions: Vec<Value>,
+    ) -> Result<(), PassError> {
+        self.ensure_parts(host, row).await?;
+        let (t, w) = owned::operation(host, op, row.private.run, actions);
+        let t = crate::workflow::model::template(t).map_err(crate::services::Error::Invalid)?;
+        let w = crate::workflow::model::workflow(w).map_err(crate::services::Error::Invalid)?;
+        let wf = &self.services.workflow;
+        wf.delete(TinkKind::Workflow, &w.key).await?;
+        wf.apply(&[t], &[w]).await?;
+        Ok(())
+    }
+
+    /// Everything the host owns, then the host.
+    async fn finalize(&self, host: &Host) -> Result<(), PassError> {
+        let s = &self.services;
+        for op in [
+            Operation::Inspect,
+            Operation::Provision,
+            Operation::Deprovision,
+        ] {
+            let k = op.key(&host.key);
+            s.workflow.delete(TinkKind::Workflow, &k).await?;
+            s.workflow.delete(TinkKind::Template, &k).await?;
+        }
+        if self.store.get(&host.key).await?.is_some_and(|d| {
+            d.pointer(&format!(
+                "/metadata/labels/{}",
+                super::OWNER_LABEL.replace('/', "~1")
+            ))
+            .and_then(Value::as_str)
+                == Some(host.key.name.as_str())
+        }) {
+            s.hardware.delete(&host.key).await?;
+        }
+        self.store.remove_bmc_machine(&host.key).await?;
+        s.metal3.remove(&host.key).await?;
+        Ok(())
+    }
+}
+
+fn job_key(host: &Host, what: &str) -> Key {
+    Key::new(
+        host.key.namespace.clone(),
+        format!("{}-{what}", host.key.name),
+    )
+}
+
+/// Why a Workflow failed, from its first failed action or its conditions.
+fn failure(s: &crate::workflow::model::Status) -> String {
+    for t in &s.tasks {
+        for a in &t.actions {
+            if matches!(a.state, WfState::Failed | WfState::Timeout) {
+                return format!(
+                    "action {:?} {}: {}",
+                    a.name,
+                    a.state.as_str(),
+                    a.message.as_deref().unwrap_or("")
+                );
+            }
+        }
+    }
+    s.conditions
+        .iter()
+        .find(|c| c.status == "False")
+        .and_then(|c| c.message.clone())
+        .unwrap_or_else(|| format!("the Workflow ended {}", s.state.as_str()))
+}
+
+/// A fresh secret for an inspection's report URL: 128 random bits, hex.
+fn token() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        // No OS randomness (it does not happen on Linux): std's hasher
+        // keys, which it seeds as best it can.
+        use std::hash::{BuildHasher, Hasher};
+        for half in b.chunks_mut(8) {
+            let mut h = std::hash::RandomState::new().build_hasher();
+            h.write_i64(now_ms());
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    hex::encode(b)
+}
+
+/// BMO's back-off jitter, in 0..1.
+fn jitter() -> f64 {
+    let mut b = [0u8; 4];
+    match getrandom::fill(&mut b) {
+        Ok(()) => f64::from(u32::from_le_bytes(b)) / f64::from(u32::MAX),
+        Err(_) => 0.5,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tokens_are_fresh_hex() {
+        let (a, b) = (super::token(), super::token());
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, b);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+    }
+}

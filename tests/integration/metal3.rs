@@ -1,0 +1,324 @@
+//! Metal3 BareMetalHosts in host mode, through the daemon and its CLI,
+//! against real peers: sushy-emulator --fake as the host's Redfish BMC,
+//! the gRPC peer built from the upstream .proto files (tests/tink/peer.py)
+//! as the agent that runs each Workflow, and curl posting the inspection
+//! report the way the agent's `inspect` action does. (The agent's actions
+//! themselves, on real disks, are the namespace lab's: tests/lab.)
+
+use crate::bmc_jobs::Sushy;
+use crate::common::*;
+use crate::tink::peer;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+const MAC: &str = "52:54:00:77:00:01";
+
+fn docs(sushy_port: u16, extra_spec: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: node-0-bmc, namespace: default}}
+type: Opaque
+stringData: {{username: admin, password: "pw-Metal3"}}
+---
+apiVersion: metal3.io/v1alpha1
+kind: BareMetalHost
+metadata: {{name: node-0, namespace: default, labels: {{rack: r1}}}}
+spec:
+  online: false
+  bootMACAddress: "{MAC}"
+  bmc:
+    address: redfish+http://127.0.0.1:{sushy_port}
+    credentialsName: node-0-bmc
+{extra_spec}"#
+    )
+}
+
+fn apply(d: &Daemon, text: &str) -> String {
+    let f = write_file(&d.dir, "bmh.yaml", text);
+    d.cli_ok(&["apply", "-f", f.to_str().unwrap()])
+}
+
+fn host(d: &Daemon) -> Value {
+    serde_json::from_str(&d.cli_ok(&["get", "bmh", "node-0", "-o", "json"])).unwrap()
+}
+
+/// Wait (bounded) for the host's provisioning state; the host as it was.
+fn wait_state(d: &Daemon, want: &str, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    let mut last = Value::Null;
+    while Instant::now() < deadline {
+        last = host(d);
+        if last["status"]["provisioning"]["state"] == want {
+            return last;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!(
+        "host never reached {want:?} within {within:?}: {last:#}\ndaemon log:\n{}",
+        d.log()
+    );
+}
+
+/// The environment of the rendered Workflow's first action.
+fn first_action_env(d: &Daemon, workflow: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let w: Value =
+            serde_json::from_str(&d.cli_ok(&["get", "workflow", workflow, "-o", "json"])).unwrap();
+        let env = &w["status"]["tasks"][0]["actions"][0]["environment"];
+        if env.is_object() {
+            return env.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{workflow} never rendered: {w:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The agent runs every action of its Workflow (through the netboot the
+/// engine asks the BMC for first: sushy applies it after a few seconds).
+fn run_agent(d: &Daemon) -> Vec<Value> {
+    let out = peer(d, &["agent", MAC, "--polls", "800"]);
+    let ran = out
+        .iter()
+        .find(|e| e["event"] == "done")
+        .map(|e| e["ran"].clone());
+    assert!(
+        ran.as_ref().and_then(Value::as_u64).unwrap_or(0) >= 2,
+        "{out:#?}"
+    );
+    out
+}
+
+fn post(d: &Daemon, url: &str, body: &str) -> String {
+    let o = d.curl(&[
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-X",
+        "POST",
+        "-H",
+        "content-type: application/json",
+        "--data-binary",
+        body,
+        url,
+    ]);
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+const REPORT: &str = r#"{
+  "systemVendor": {"manufacturer": "QEMU", "productName": "Standard PC (Q35 + ICH9, 2009)", "serialNumber": "S-1"},
+  "firmware": {"bios": {"vendor": "EDK II", "version": "stable202302", "date": "02/06/2015"}},
+  "ramMebibytes": 2048,
+  "cpu": {"arch": "x86_64", "model": "QEMU Virtual CPU", "clockMegahertz": 2400.0, "count": 2, "flags": ["sse2"]},
+  "nics": [{"name": "eth0", "mac": "52:54:00:77:00:01", "ip": "10.99.0.120", "speedGbps": 0, "pxe": true, "model": "0x1af4 0x1000"}],
+  "storage": [
+    {"name": "/dev/vda", "sizeBytes": 2147483648, "type": "HDD", "rotational": true, "model": "small"},
+    {"name": "/dev/vdb", "sizeBytes": 21474836480, "type": "SSD", "rotational": false, "serialNumber": "D-2"}
+  ],
+  "hostname": "node-0",
+  "notInTheSchema": true
+}"#;
+
+#[test]
+fn a_host_is_registered_inspected_provisioned_deprovisioned_and_deleted() {
+    let sushy = Sushy::start();
+    let d = Daemon::start();
+    let out = apply(&d, &docs(sushy.port, ""));
+    assert!(
+        out.contains("baremetalhost.metal3.io/node-0 created"),
+        "{out}"
+    );
+
+    // Registered (the BMC reached with the Secret), then inspecting: the
+    // host's parts are ordinary objects, labelled with its name.
+    let h = wait_state(&d, "inspecting", Duration::from_secs(30));
+    assert_eq!(h["status"]["operationalStatus"], "OK", "{h:#}");
+    assert!(h["status"]["operationHistory"]["register"]["end"].is_string());
+    assert!(h["status"]["goodCredentials"]["credentials"]["name"] == "node-0-bmc");
+    let hw: Value =
+        serde_json::from_str(&d.cli_ok(&["get", "hardware", "node-0", "-o", "json"])).unwrap();
+    assert_eq!(
+        hw["metadata"]["labels"]["metal3.io/baremetalhost"],
+        "node-0"
+    );
+    assert_eq!(hw["spec"]["interfaces"][0]["dhcp"]["mac"], MAC);
+    let env = first_action_env(&d, "node-0-inspect");
+    let callback = env["CALLBACK_URL"].as_str().unwrap().to_string();
+    assert!(callback.starts_with("http://"), "{callback}");
+    assert_eq!(env["BOOT_MAC"], MAC);
+
+    // A report with the wrong secret, or a bad one, is refused; the real
+    // one taken.
+    let wrong = format!("{}0", &callback[..callback.len() - 1]);
+    assert_eq!(post(&d, &wrong, REPORT), "404");
+    assert_eq!(post(&d, &callback, r#"{"ramMebibytes": "lots"}"#), "400");
+    assert_eq!(post(&d, &callback, REPORT), "204");
+    run_agent(&d);
+
+    // Available: the report is the status's hardware (pruned to the
+    // CRD's schema) and the HardwareData; online false is enforced.
+    let h = wait_state(&d, "available", Duration::from_secs(60));
+    let hwd = &h["status"]["hardware"];
+    assert_eq!(hwd["ramMebibytes"], 2048);
+    assert_eq!(hwd["nics"][0]["ip"], "10.99.0.120");
+    assert!(hwd.get("notInTheSchema").is_none(), "{hwd:#}");
+    let data: Value =
+        serde_json::from_str(&d.cli_ok(&["get", "hardwaredata", "node-0", "-o", "json"])).unwrap();
+    assert_eq!(data["spec"]["hardware"], *hwd);
+    assert_eq!(data["kind"], "HardwareData");
+    sushy.wait_power("Off");
+
+    // The printer columns, as kubectl get bmh shows them.
+    let table = d.cli_ok(&["get", "bmh"]);
+    let head: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        head,
+        ["NAME", "STATE", "CONSUMER", "ONLINE", "ERROR", "AGE"]
+    );
+    assert!(
+        table.contains("node-0") && table.contains("available"),
+        "{table}"
+    );
+
+    // Claimed: an image and online. The root device by the hints: the
+    // SSD, not the smaller disk.
+    let spec = r#"  image: {url: "http://10.99.0.1/img.qcow2", checksum: "http://10.99.0.1/img.qcow2.sha256sum", checksumType: sha256, format: qcow2}
+  rootDeviceHints: {rotational: false}
+  consumerRef: {name: m-0, kind: Metal3Machine, apiVersion: infrastructure.cluster.x-k8s.io/v1beta1}
+"#;
+    apply(
+        &d,
+        &docs(sushy.port, spec).replace("online: false", "online: true"),
+    );
+    let h = wait_state(&d, "provisioning", Duration::from_secs(30));
+    assert_eq!(
+        h["status"]["lastAttemptedImage"]["url"],
+        "http://10.99.0.1/img.qcow2"
+    );
+    let env = first_action_env(&d, "node-0-provision");
+    assert_eq!(env["DEST_DISK"], "/dev/vdb");
+    assert_eq!(env["IMG_URL"], "http://10.99.0.1/img.qcow2");
+    assert_eq!(env["CHECKSUM_TYPE"], "sha256");
+    let w: Value =
+        serde_json::from_str(&d.cli_ok(&["get", "workflow", "node-0-provision", "-o", "json"]))
+            .unwrap();
+    assert!(
+        w["status"]["tasks"][0]["actions"][0]["image"]
+            .as_str()
+            .unwrap()
+            .contains("qemuimg2disk")
+    );
+    run_agent(&d);
+    let h = wait_state(&d, "provisioned", Duration::from_secs(60));
+    assert_eq!(
+        h["status"]["provisioning"]["image"]["url"],
+        "http://10.99.0.1/img.qcow2"
+    );
+    assert_eq!(h["status"]["errorMessage"], "");
+    assert!(h["status"]["operationHistory"]["provision"]["end"].is_string());
+
+    // Released: the image cleared. Cleaning wipes the disks, then the host
+    // is available again, its image gone from the status.
+    apply(
+        &d,
+        &docs(
+            sushy.port,
+            "  consumerRef: {name: m-0, kind: Metal3Machine}\n",
+        ),
+    );
+    wait_state(&d, "deprovisioning", Duration::from_secs(30));
+    let w: Value =
+        serde_json::from_str(&d.cli_ok(&["get", "workflow", "node-0-deprovision", "-o", "json"]))
+            .unwrap();
+    let _ = first_action_env(&d, "node-0-deprovision");
+    run_agent(&d);
+    let h = wait_state(&d, "available", Duration::from_secs(60));
+    assert!(h["status"]["provisioning"].get("image").is_none(), "{h:#}");
+    assert!(h["status"]["operationHistory"]["deprovision"]["end"].is_string());
+    assert!(w["spec"]["templateRef"] == "node-0-deprovision", "{w:#}");
+
+    // Deleted: powered off, its parts removed, then gone.
+    d.cli_ok(&["delete", "bmh", "node-0"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let o = d.cli(&["get", "bmh", "node-0", "-o", "json"]);
+        if !o.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node-0 was never deleted:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!d.cli(&["get", "hardware", "node-0"]).status.success());
+    assert!(
+        !d.cli(&["get", "workflow", "node-0-inspect"])
+            .status
+            .success()
+    );
+    assert!(!d.cli(&["get", "hardwaredata", "node-0"]).status.success());
+    let bmc = d.cli_ok(&["get", "machine", "-o", "json"]);
+    assert!(!bmc.contains("\"node-0\""), "{bmc}");
+
+    // Each state change was an event of the host.
+    let ev = d.cli_ok(&["events", "node-0"]);
+    for s in [
+        "registering",
+        "inspecting",
+        "available",
+        "provisioned",
+        "deprovisioning",
+    ] {
+        assert!(ev.contains(&format!("-> \"{s}\"")), "{s}: {ev}");
+    }
+}
+
+#[test]
+fn a_host_the_webhook_would_refuse_is_refused_and_a_bad_bmc_is_a_registration_error() {
+    let d = Daemon::start();
+    // BMO's webhook rules: a clear error naming the field, nothing stored.
+    let bad = docs(1, "").replace("redfish+http://127.0.0.1:1", "irmc://10.0.0.1");
+    let f = write_file(&d.dir, "bad.yaml", &bad);
+    let o = d.cli(&["apply", "-f", f.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("spec.bmc.address"), "{err}");
+    assert!(!d.cli(&["get", "bmh", "node-0"]).status.success());
+
+    // A BMC that does not answer: registering, with BMO's error fields.
+    let port = free_port();
+    apply(&d, &docs(port, ""));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let h = loop {
+        let h = host(&d);
+        if h["status"]["errorType"] == "registration error" {
+            break h;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no registration error: {h:#}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(h["status"]["provisioning"]["state"], "registering");
+    assert_eq!(h["status"]["operationalStatus"], "error");
+    assert_eq!(h["status"]["errorCount"], 1);
+    assert!(!h["status"]["errorMessage"].as_str().unwrap().is_empty());
+    // Deleted while registering: gone without a power-off.
+    d.cli_ok(&["delete", "bmh", "node-0"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while d.cli(&["get", "bmh", "node-0"]).status.success() {
+        assert!(Instant::now() < deadline, "not deleted");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = json!({});
+}
