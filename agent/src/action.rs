@@ -59,6 +59,10 @@ pub enum Kind {
     WaitDaemon,
     Reboot,
     Poweroff,
+    /// tinkerbox's own: the hardware, in Metal3's shape, to a URL.
+    Inspect,
+    /// tinkerbox's own: Ironic's metadata cleaning of every disk.
+    WipeDisks,
 }
 
 impl Kind {
@@ -74,6 +78,8 @@ impl Kind {
             Kind::WaitDaemon => "waitdaemon",
             Kind::Reboot => "reboot",
             Kind::Poweroff => "poweroff",
+            Kind::Inspect => "inspect",
+            Kind::WipeDisks => "wipe-disks",
         }
     }
 }
@@ -101,6 +107,8 @@ pub fn kind_of(image: &str, command: &[String]) -> Option<Kind> {
         "waitdaemon" => Some(Kind::WaitDaemon),
         "reboot" => Some(Kind::Reboot),
         "poweroff" | "shutdown" => Some(Kind::Poweroff),
+        "inspect" => Some(Kind::Inspect),
+        "wipe-disks" => Some(Kind::WipeDisks),
         _ => None,
     };
     by_name.or_else(|| power_command(command))
@@ -158,6 +166,16 @@ mod tests {
         );
         assert_eq!(Kind::QemuImg2Disk.as_str(), "qemuimg2disk");
         assert_eq!(kind_of("qemu-img", &[]), None);
+        assert_eq!(
+            kind_of("quay.io/tinkerbox/inspect:latest", &[]),
+            Some(Kind::Inspect)
+        );
+        assert_eq!(
+            kind_of("10.99.0.1:5000/tinkerbox/wipe-disks@sha256:0123", &[]),
+            Some(Kind::WipeDisks)
+        );
+        assert_eq!(kind_of("quay.io/tinkerbox/wipe-disks-full", &[]), None);
+        assert_eq!(Kind::WipeDisks.as_str(), "wipe-disks");
         assert_eq!(kind_of("bash", &cmd(&["sleep", "2"])), None);
         assert_eq!(kind_of("alpine", &[]), None);
     }

@@ -2,7 +2,8 @@
 //! server) for its Workflow's actions over the tink-agent gRPC API and runs
 //! the well-known Tinkerbell action images natively, with no container
 //! runtime: image2disk, oci2disk, writefile, cexec, kexec, archive2disk,
-//! waitdaemon, reboot and poweroff.
+//! waitdaemon, reboot and poweroff; and tinkerbox's own inspect (the hardware,
+//! in Metal3's shape) and wipe-disks (metadata cleaning) for BareMetalHosts.
 #![deny(unsafe_code)]
 
 pub mod action;
@@ -10,6 +11,7 @@ pub mod actions;
 pub mod attributes;
 pub mod backoff;
 pub mod config;
+pub mod hardware;
 pub mod run;
 pub mod sys;
 pub mod syslog;

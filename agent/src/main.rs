@@ -145,6 +145,7 @@ fn main() -> ExitCode {
                 work_dir: args.work_dir.clone(),
                 power: !args.no_power,
                 insecure_registries: opts.insecure_registries.clone(),
+                ..Runner::default()
             },
         };
         let stop = async {

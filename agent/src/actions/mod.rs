@@ -8,10 +8,12 @@ pub mod cexec;
 pub mod checksum;
 pub mod disk;
 pub mod fetch;
+pub mod inspect;
 pub mod kexec;
 pub mod mount;
 pub mod oci;
 pub mod qcow2;
+pub mod wipe;
 pub mod writefile;
 
 use crate::action::{Action, Kind, kind_of};
@@ -121,6 +123,9 @@ pub struct Runner {
     /// Registries oci2disk may reach in plain HTTP (`insecure_registries=`
     /// on the kernel command line), beside an action's own list.
     pub insecure_registries: String,
+    /// Where /proc, /sys and /dev are (inspect, wipe-disks): `/`, or a
+    /// fixture tree in tests.
+    pub root: PathBuf,
 }
 
 impl Default for Runner {
@@ -129,6 +134,7 @@ impl Default for Runner {
             work_dir: PathBuf::from("/run/tinkerbox-agent"),
             power: true,
             insecure_registries: String::new(),
+            root: PathBuf::from("/"),
         }
     }
 }
@@ -177,8 +183,8 @@ pub async fn run(runner: &Runner, action: &Action, progress: Progress) -> Outcom
     let Some(kind) = kind_of(&action.image, &action.command) else {
         return Outcome::failed(format!(
             "image {:?} is not an action tinkerbox-agent runs natively (image2disk, qemuimg2disk, oci2disk, \
-             writefile, cexec, kexec, archive2disk, waitdaemon, reboot, poweroff) and this OSIE has no \
-             container runtime",
+             writefile, cexec, kexec, archive2disk, waitdaemon, reboot, poweroff, inspect, wipe-disks) and \
+             this OSIE has no container runtime",
             action.image
         ));
     };
@@ -208,6 +214,8 @@ pub async fn run(runner: &Runner, action: &Action, progress: Progress) -> Outcom
             ..Outcome::ok("powering off")
         },
         Kind::WaitDaemon => wait_daemon(action),
+        Kind::Inspect => inspect::run(runner, &env, &progress).await.into(),
+        Kind::WipeDisks => wipe::run(runner, &env, &progress).await.into(),
     }
 }
 
