@@ -168,6 +168,31 @@ fn a_host_is_registered_inspected_provisioned_deprovisioned_and_deleted() {
     assert_eq!(hwd["ramMebibytes"], 2048);
     assert_eq!(hwd["nics"][0]["ip"], "10.99.0.120");
     assert!(hwd.get("notInTheSchema").is_none(), "{hwd:#}");
+    assert_eq!(
+        h["status"]["provisioning"]["ID"].as_str().unwrap().len(),
+        36,
+        "{h:#}"
+    );
+    assert_eq!(h["status"]["hardwareProfile"], "unknown");
+    let cond = |h: &Value, t: &str| {
+        h["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == t)
+            .map(|c| {
+                (
+                    c["status"].as_str().unwrap().to_string(),
+                    c["reason"].as_str().unwrap().to_string(),
+                )
+            })
+            .unwrap()
+    };
+    assert_eq!(
+        cond(&h, "AvailableForProvisioning"),
+        ("True".into(), "Available".into())
+    );
+    assert_eq!(cond(&h, "Manageable"), ("True".into(), "Manageable".into()));
     let data: Value =
         serde_json::from_str(&d.cli_ok(&["get", "hardwaredata", "node-0", "-o", "json"])).unwrap();
     assert_eq!(data["spec"]["hardware"], *hwd);
@@ -222,6 +247,11 @@ fn a_host_is_registered_inspected_provisioned_deprovisioned_and_deleted() {
     );
     assert_eq!(h["status"]["errorMessage"], "");
     assert!(h["status"]["operationHistory"]["provision"]["end"].is_string());
+    assert_eq!(
+        cond(&h, "Provisioned"),
+        ("True".into(), "Provisioned".into())
+    );
+    assert_eq!(cond(&h, "Ready"), ("True".into(), "Provisioned".into()));
 
     // Released: the image cleared. Cleaning wipes the disks, then the host
     // is available again, its image gone from the status.

@@ -157,6 +157,7 @@ impl Controller {
             power_job: self
                 .job(&job_key(host, "power"), &p.power_seq.to_string())
                 .await?,
+            node_id: host.uid().map_or_else(uuid_v4, String::from),
         })
     }
 
@@ -381,8 +382,8 @@ fn failure(s: &crate::workflow::model::Status) -> String {
         .unwrap_or_else(|| format!("the Workflow ended {}", s.state.as_str()))
 }
 
-/// A fresh secret for an inspection's report URL: 128 random bits, hex.
-fn token() -> String {
+/// 128 random bits.
+fn random16() -> [u8; 16] {
     let mut b = [0u8; 16];
     if getrandom::fill(&mut b).is_err() {
         // No OS randomness (it does not happen on Linux): std's hasher
@@ -394,7 +395,28 @@ fn token() -> String {
             half.copy_from_slice(&h.finish().to_le_bytes());
         }
     }
-    hex::encode(b)
+    b
+}
+
+/// A fresh secret for an inspection's report URL, hex.
+fn token() -> String {
+    hex::encode(random16())
+}
+
+/// A random (version 4) UUID, as Ironic names its nodes.
+fn uuid_v4() -> String {
+    let mut b = random16();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex::encode(b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
 }
 
 /// BMO's back-off jitter, in 0..1.
@@ -408,6 +430,14 @@ fn jitter() -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn uuids_are_version_4() {
+        let u = super::uuid_v4();
+        assert_eq!(u.len(), 36);
+        assert_eq!(&u[14..15], "4");
+        assert!(matches!(&u[19..20], "8" | "9" | "a" | "b"), "{u}");
+    }
+
     #[test]
     fn tokens_are_fresh_hex() {
         let (a, b) = (super::token(), super::token());

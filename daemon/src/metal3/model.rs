@@ -380,6 +380,44 @@ pub struct Status {
     pub tried_credentials: Option<CredentialsStatus>,
     #[serde(default)]
     pub operation_history: OperationHistory,
+    /// BMO's profile: `unknown`, or `libvirt` for a libvirt:// BMC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware_profile: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A `metav1.Condition`, as BMO sets them (`computeConditions`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub kind: ConditionType,
+    pub status: ConditionStatus,
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub last_transition_time: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, PartialOrd, Ord)]
+pub enum ConditionType {
+    #[default]
+    Ready,
+    AvailableForProvisioning,
+    Healthy,
+    Manageable,
+    Progressing,
+    Provisioned,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum ConditionStatus {
+    True,
+    False,
+    #[default]
+    Unknown,
 }
 
 impl Status {

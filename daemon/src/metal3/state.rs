@@ -8,7 +8,8 @@
 
 use super::details;
 use super::model::{
-    CleaningMode, ErrorType, Host, Image, OperationalStatus, ProvisioningState as S, Status,
+    CleaningMode, Condition, ConditionStatus, ConditionType, ErrorType, Host, Image,
+    OperationalStatus, ProvisioningState as S, Status,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -41,6 +42,9 @@ pub struct Observed {
     pub provision: Run,
     pub deprovision: Run,
     pub power_job: Run,
+    /// The id the host gets at registration (`status.provisioning.ID`):
+    /// its uid, or a fresh UUID.
+    pub node_id: String,
 }
 
 impl Default for Observed {
@@ -55,6 +59,7 @@ impl Default for Observed {
             provision: Run::None,
             deprovision: Run::None,
             power_job: Run::None,
+            node_id: String::new(),
         }
     }
 }
@@ -85,9 +90,6 @@ pub struct Private {
     /// observed.
     #[serde(default)]
     pub power_seq: u64,
-    /// Failed deprovisioning attempts of a host being deleted.
-    #[serde(default)]
-    pub delete_attempts: u32,
     /// `reboot.metal3.io` being carried out: off asked (1), on asked
     /// (2), done (3, until the annotation is gone).
     #[serde(default)]
@@ -125,6 +127,80 @@ pub struct Step {
     pub status: Status,
     pub private: Private,
     pub todo: Vec<Do>,
+}
+
+/// BMO's `--max-provisioning-retries` default: attempts before a host
+/// stays available with the error.
+pub const MAX_PROVISIONING_RETRIES: u32 = 5;
+
+/// BMO's `computeConditions`: the conditions of a status, each keeping
+/// its `lastTransitionTime` from `before` while its status is unchanged;
+/// Ready first, then by type.
+fn conditions(s: &Status, before: &[Condition], now: &str) -> Vec<Condition> {
+    use ConditionStatus::{False, True, Unknown};
+    use ConditionType::*;
+    let st = s.provisioning.state;
+    let manageable = match st {
+        S::None | S::Unmanaged => (False, "NotManaged"),
+        S::Registering if s.operational_status == OperationalStatus::Error => {
+            (False, "RegistrationFailed")
+        }
+        S::Registering => (False, "Registering"),
+        _ => (True, "Manageable"),
+    };
+    let progressing = match st {
+        S::Registering => (True, "Registering"),
+        S::Inspecting | S::MatchProfile => (True, "Inspecting"),
+        S::Preparing => (True, "Preparing"),
+        S::Provisioning => (True, "Provisioning"),
+        S::Deprovisioning => (True, "Deprovisioning"),
+        S::PoweringOffBeforeDelete => (True, "PoweringOffBeforeDelete"),
+        S::Deleting => (True, "Deleting"),
+        _ => (False, "NotProgressing"),
+    };
+    let available = match st {
+        S::Available | S::Ready => (True, "Available"),
+        _ => (False, "NotAvailable"),
+    };
+    let provisioned = match st {
+        S::Provisioned | S::ExternallyProvisioned => (True, "Provisioned"),
+        _ => (False, "NotProvisioned"),
+    };
+    let mut ready = provisioned;
+    let mut progressing = progressing;
+    match s.operational_status {
+        OperationalStatus::Error => ready = (False, "Error"),
+        OperationalStatus::Servicing => ready = (False, "Servicing"),
+        OperationalStatus::Detached => {
+            ready = (False, "Detached");
+            progressing = (False, "Detached");
+        }
+        _ => {}
+    }
+    [
+        (Ready, ready),
+        (AvailableForProvisioning, available),
+        (Healthy, (Unknown, "Unknown")),
+        (Manageable, manageable),
+        (Progressing, progressing),
+        (Provisioned, provisioned),
+    ]
+    .into_iter()
+    .map(|(kind, (status, reason))| {
+        let since = before
+            .iter()
+            .find(|c| c.kind == kind && c.status == status)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| now.to_string());
+        Condition {
+            kind,
+            status,
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: since,
+        }
+    })
+    .collect()
 }
 
 /// BMO's back-off after `errors` failures: 2^n minutes, less up to half
@@ -168,6 +244,9 @@ impl Pass<'_> {
         if let Some(m) = started {
             m.start = now;
             m.end = None;
+        }
+        if matches!(to, S::Registering | S::Inspecting | S::Provisioning) {
+            self.s.provisioning.boot_mode = Some(self.host.spec.boot_mode.unwrap_or_default());
         }
         self.s.provisioning.state = to;
         self.p.retry_at_ms = 0;
@@ -226,6 +305,7 @@ impl Pass<'_> {
         if self.obs.power == Some(want) {
             if self.s.error_type == Some(ErrorType::PowerManagement) {
                 self.clear_error();
+                self.s.error_count = 0;
             }
             return;
         }
@@ -323,6 +403,7 @@ pub fn step(host: &Host, status: &Status, private: &Private, obs: &Observed, jit
 impl Pass<'_> {
     fn done(self) -> Step {
         let mut status = self.s;
+        status.conditions = conditions(&status, &self.before.conditions, &self.obs.now);
         // lastUpdated moves only when something else in the status did.
         if &status != self.before {
             status.last_updated = Some(self.obs.now.clone());
@@ -370,6 +451,13 @@ fn registering(p: &mut Pass) {
         credentials_version: version,
     };
     p.s.tried_credentials = Some(tried.clone());
+    // BMO's matchProfile: the profile, and the spec's hints recorded.
+    let libvirt = p.host.bmc.as_ref().is_some_and(|b| b.scheme == "libvirt");
+    p.s.hardware_profile = Some(if libvirt { "libvirt" } else { "unknown" }.into());
+    p.s.provisioning.root_device_hints = p.host.spec.root_device_hints.clone();
+    if p.s.provisioning.id.is_empty() {
+        p.s.provisioning.id = p.obs.node_id.clone();
+    }
     p.todo.push(Do::EnsureParts);
     match &p.obs.register {
         Run::Running => {}
@@ -404,6 +492,10 @@ fn start_inspecting(p: &mut Pass) {
     p.new_run();
     p.p.report = None;
     p.todo.push(Do::Inspect);
+    // BMO removes the request when the inspection starts.
+    if p.host.inspection_requested() {
+        p.todo.push(Do::RemoveAnnotation(super::INSPECT));
+    }
 }
 
 fn inspecting(p: &mut Pass) {
@@ -422,9 +514,6 @@ fn inspecting(p: &mut Pass) {
                 p.s.error_count = 0;
                 p.s.hardware = Some(report.clone());
                 p.todo.push(Do::SaveHardwareData(report));
-                if p.host.inspection_requested() {
-                    p.todo.push(Do::RemoveAnnotation(super::INSPECT));
-                }
                 p.goto(S::Preparing);
             }
             None => {
@@ -472,6 +561,10 @@ fn available(p: &mut Pass) {
         p.goto(S::Preparing);
         return;
     }
+    if spec.image().is_none() && p.s.provisioning_fail_count > 0 {
+        p.s.provisioning_fail_count = 0;
+        p.s.last_attempted_image = None;
+    }
     if spec.online
         && p.s.provisioning.image.is_none()
         && let Some(image) = spec.image()
@@ -479,18 +572,23 @@ fn available(p: &mut Pass) {
         if p.s.last_attempted_image.as_ref() != Some(image) {
             p.s.provisioning_fail_count = 0;
         }
+        if p.s.provisioning_fail_count >= MAX_PROVISIONING_RETRIES {
+            let m = format!(
+                "provisioning failed {} times, retry limit ({MAX_PROVISIONING_RETRIES}) reached; change image or \
+                 reset provisioningFailCount to retry",
+                p.s.provisioning_fail_count
+            );
+            if p.s.error_message != m {
+                p.fail(ErrorType::Provisioning, m);
+            }
+            return;
+        }
+        p.clear_error();
         p.s.last_attempted_image = Some(image.clone());
         p.goto(S::Provisioning);
         p.new_run();
         provisioning(p);
         return;
-    }
-    if p.s
-        .error_type
-        .is_some_and(|e| e != ErrorType::PowerManagement)
-        && p.s.error_count == 0
-    {
-        p.clear_error();
     }
     p.manage_power();
 }
@@ -500,6 +598,16 @@ fn provisioning(p: &mut Pass) {
         start_deprovisioning(p);
         return;
     }
+    // BMO: a provisioning error is cleaned up (deprovisioned) on the
+    // first pass after its back-off, and counted then.
+    if p.s.error_type.is_some() {
+        if p.may_retry() {
+            p.s.provisioning_fail_count += 1;
+            start_deprovisioning(p);
+        }
+        return;
+    }
+    p.s.last_attempted_image = p.host.spec.image().cloned();
     match &p.obs.provision {
         Run::Running => {}
         Run::None => {
@@ -514,10 +622,7 @@ fn provisioning(p: &mut Pass) {
                     .unwrap_or_default();
             match details::root_device(&disks, &hints) {
                 Ok(disk) => p.todo.push(Do::Provision { disk }),
-                Err(m) => {
-                    p.fail(ErrorType::Provisioning, m);
-                    p.s.provisioning_fail_count += 1;
-                }
+                Err(m) => p.fail(ErrorType::Provisioning, m),
             }
         }
         Run::Succeeded => {
@@ -532,19 +637,12 @@ fn provisioning(p: &mut Pass) {
         Run::Failed(m) => {
             let m = format!("provisioning failed: {m}");
             p.fail(ErrorType::Provisioning, m);
-            p.s.provisioning_fail_count += 1;
-            // BMO: a provisioning error deprovisions (cleans) the host
-            // before it is tried again.
-            start_deprovisioning(p);
         }
     }
 }
 
 fn start_deprovisioning(p: &mut Pass) {
-    let retry = p.p.retry_at_ms;
     p.goto(S::Deprovisioning);
-    // A failure that led here keeps its back-off for the cleaning too.
-    p.p.retry_at_ms = retry;
     p.new_run();
     deprovisioning(p);
 }
@@ -577,11 +675,8 @@ fn deprovisioning(p: &mut Pass) {
                 let m = format!("cleaning failed: {m}");
                 p.fail(ErrorType::Provisioning, m);
                 p.new_run();
-                if p.host.deleting() {
-                    p.p.delete_attempts += 1;
-                    if p.p.delete_attempts > 3 {
-                        p.goto(S::PoweringOffBeforeDelete);
-                    }
+                if p.host.deleting() && p.s.error_count > 3 {
+                    p.goto(S::PoweringOffBeforeDelete);
                 }
                 false
             }
@@ -590,9 +685,8 @@ fn deprovisioning(p: &mut Pass) {
     if finished {
         p.s.provisioning.image = None;
         p.s.provisioning.root_device_hints = None;
-        if p.s.error_type != Some(ErrorType::Provisioning) || p.s.provisioning_fail_count == 0 {
-            p.clear_error();
-        }
+        p.clear_error();
+        p.s.error_count = 0;
         if p.host.deleting() {
             p.goto(S::PoweringOffBeforeDelete);
         } else {
@@ -636,7 +730,9 @@ fn deleting(p: &mut Pass) {
         S::Deprovisioning => deprovisioning(p),
         S::PoweringOffBeforeDelete => {
             let off = p.obs.power == Some(false);
-            if off || p.host.spec.disable_power_off || p.p.delete_attempts > 3 {
+            if off || p.host.spec.disable_power_off || p.s.error_count > 3 {
+                p.s.error_count = 0;
+                p.s.powered_on = false;
                 p.goto(S::Deleting);
                 p.todo.push(Do::Finalize);
                 return;
@@ -646,7 +742,6 @@ fn deleting(p: &mut Pass) {
                 Run::Failed(m) if p.p.power_target == Some(false) => {
                     let m = m.clone();
                     p.fail(ErrorType::PowerManagement, m);
-                    p.p.delete_attempts += 1;
                     p.p.power_target = None;
                 }
                 _ if p.may_retry() => {
@@ -901,12 +996,14 @@ mod tests {
         let st = go(&h, &s, &Private::default(), &obs(1));
         assert_eq!(st.status.provisioning.state, S::Provisioning);
         assert_eq!(st.status.error_type, Some(ErrorType::Provisioning));
-        assert_eq!(st.status.provisioning_fail_count, 1);
+        assert!(st.status.error_message.starts_with("No suitable device"));
+        // Counted when it is cleaned up, after the back-off.
+        assert_eq!(st.status.provisioning_fail_count, 0);
         assert!(st.todo.is_empty());
     }
 
     #[test]
-    fn a_failed_provisioning_cleans_the_host_before_another_try() {
+    fn a_failed_provisioning_is_cleaned_after_the_back_off_and_retried_up_to_the_limit() {
         let mut sp = spec();
         sp["online"] = json!(true);
         sp["image"] = json!({"url": "http://x/i", "checksum": "a"});
@@ -914,15 +1011,81 @@ mod tests {
         let mut s = Status::default();
         s.provisioning.state = S::Provisioning;
         s.last_attempted_image = h.spec.image.clone();
+        s.hardware = Some(report());
         let mut o = obs(5);
         o.provision = Run::Failed("checksum mismatch".into());
         let st = go(&h, &s, &Private::default(), &o);
-        assert_eq!(st.status.provisioning.state, S::Deprovisioning);
+        // BMO: the error recorded, the state kept until the back-off.
+        assert_eq!(st.status.provisioning.state, S::Provisioning);
         assert_eq!(st.status.error_type, Some(ErrorType::Provisioning));
+        assert_eq!(st.status.error_count, 1);
+        assert!(st.status.error_message.contains("checksum mismatch"));
+        let st = go(&h, &st.status, &st.private, &o);
+        assert_eq!(st.status.provisioning.state, S::Provisioning);
+        // After it: counted, and cleaned.
+        let mut o = obs(5 + 120_000);
+        o.provision = Run::Failed("checksum mismatch".into());
+        let st = go(&h, &st.status, &st.private, &o);
+        assert_eq!(st.status.provisioning.state, S::Deprovisioning);
         assert_eq!(st.status.provisioning_fail_count, 1);
-        // The cleaning waits for the back-off.
-        assert!(st.todo.is_empty());
-        assert!(st.private.retry_at_ms > 5);
+        assert_eq!(st.todo, vec![Do::Deprovision]);
+        // Cleaned: the error gone, available, and provisioning again.
+        o.provision = Run::None;
+        o.deprovision = Run::Succeeded;
+        let st = go(&h, &st.status, &st.private, &o);
+        assert_eq!(st.status.provisioning.state, S::Available);
+        assert_eq!(st.status.error_count, 0);
+        assert_eq!(st.status.error_type, None);
+        o.deprovision = Run::None;
+        let st = go(&h, &st.status, &st.private, &o);
+        assert_eq!(st.status.provisioning.state, S::Provisioning);
+        assert_eq!(st.status.provisioning_fail_count, 1);
+        // At the limit, the host stays available with BMO's error.
+        let mut s = st.status;
+        s.provisioning.state = S::Available;
+        s.provisioning_fail_count = MAX_PROVISIONING_RETRIES;
+        let st = go(&h, &s, &st.private, &o);
+        assert_eq!(st.status.provisioning.state, S::Available);
+        assert!(
+            st.status.error_message.contains("retry limit (5) reached"),
+            "{}",
+            st.status.error_message
+        );
+        // A new image resets the count.
+        let mut h2 = h.clone();
+        h2.spec.image.as_mut().unwrap().url = "http://x/other".into();
+        let st = go(&h2, &st.status, &st.private, &obs(10_000_000));
+        assert_eq!(st.status.provisioning.state, S::Provisioning);
+        assert_eq!(st.status.provisioning_fail_count, 0);
+    }
+
+    #[test]
+    fn conditions_follow_the_state_and_keep_their_transition_times() {
+        let h = host(spec(), json!({}));
+        let mut s = Status::default();
+        s.provisioning.state = S::Available;
+        s.operational_status = OperationalStatus::Ok;
+        let st = go(&h, &s, &Private::default(), &obs(1));
+        let c = |st: &Step, t: ConditionType| {
+            st.status
+                .conditions
+                .iter()
+                .find(|c| c.kind == t)
+                .map(|c| (c.status, c.reason.clone(), c.last_transition_time.clone()))
+                .unwrap()
+        };
+        assert_eq!(st.status.conditions[0].kind, ConditionType::Ready);
+        assert_eq!(
+            c(&st, ConditionType::AvailableForProvisioning),
+            (ConditionStatus::True, "Available".into(), "t1".into())
+        );
+        assert_eq!(c(&st, ConditionType::Ready).0, ConditionStatus::False);
+        let v = serde_json::to_value(&st.status.conditions).unwrap();
+        assert_eq!(v[0]["type"], "Ready");
+        assert_eq!(v[0]["lastTransitionTime"], "t1");
+        // Unchanged on a later pass: the time stays.
+        let st2 = go(&h, &st.status, &st.private, &obs(9));
+        assert_eq!(c(&st2, ConditionType::AvailableForProvisioning).2, "t1");
     }
 
     #[test]

@@ -118,11 +118,12 @@ impl Metal3Service {
     /// BMO's HardwareData for `host`: the report, named and owned as the
     /// host.
     pub async fn save_hardware_data(&self, host: &HostRow, report: &Value) -> Result<(), Error> {
-        let mut meta = json!({"name": host.key.name, "namespace": host.key.namespace});
+        let mut meta = json!({"name": host.key.name, "namespace": host.key.namespace,
+                              "finalizers": ["baremetalhost.metal3.io/hardwareData"]});
         if let Some(uid) = host.doc.pointer("/metadata/uid").and_then(Value::as_str) {
             meta["ownerReferences"] = json!([{
                 "apiVersion": crate::metal3::API_VERSION, "kind": crate::metal3::KIND,
-                "name": host.key.name, "uid": uid,
+                "name": host.key.name, "uid": uid, "controller": true, "blockOwnerDeletion": true,
             }]);
         }
         let doc = json!({
