@@ -98,6 +98,8 @@ pub enum Checked {
     Workflow(Workflow),
     RuleSet(RuleSet),
     Host(Box<crate::metal3::model::Host>),
+    /// A Secret with a host's user, network or meta data.
+    HostData(crate::metal3::model::DataSecret),
 }
 
 impl Checked {
@@ -108,6 +110,7 @@ impl Checked {
             Checked::Workflow(_) => Kind::Workflow,
             Checked::RuleSet(_) => Kind::WorkflowRuleSet,
             Checked::Host(_) => Kind::BareMetalHost,
+            Checked::HostData(_) => Kind::Secret,
             Checked::Bmc(bmc::Doc::Machine { .. }) => Kind::Machine,
             Checked::Bmc(bmc::Doc::Job { .. }) => Kind::Job,
             Checked::Bmc(bmc::Doc::Task { .. }) => Kind::Task,
@@ -128,7 +131,14 @@ pub fn check(doc: Value) -> Result<Checked, FieldError> {
         (crate::metal3::API_VERSION, crate::metal3::KIND) => {
             crate::metal3::model::host(doc).map(|h| Checked::Host(Box::new(h)))
         }
-        (bmc::API_VERSION, _) | ("v1", "Secret") => bmc::parse(doc).map(Checked::Bmc),
+        ("v1", "Secret") => {
+            let mut doc = doc;
+            match crate::metal3::model::data_secret(&mut doc)? {
+                Some(d) => Ok(Checked::HostData(d)),
+                None => bmc::parse(doc).map(Checked::Bmc),
+            }
+        }
+        (bmc::API_VERSION, _) => bmc::parse(doc).map(Checked::Bmc),
         _ => Err(FieldError::new(
             "kind",
             format!(

@@ -172,3 +172,14 @@ CREATE TABLE hardware_data (
     updated_ms  INTEGER NOT NULL,
     UNIQUE (namespace, name)
 );
+
+-- Secrets with a BareMetalHost's user data, network data or meta data
+-- (keys userData, networkData, metaData, value): the values, decoded, as a
+-- JSON object. Never shown by the API, as BMC credentials are not.
+CREATE TABLE host_data_secrets (
+    namespace   TEXT    NOT NULL,
+    name        TEXT    NOT NULL,
+    data        TEXT    NOT NULL,
+    updated_ms  INTEGER NOT NULL,
+    PRIMARY KEY (namespace, name)
+) WITHOUT ROWID;

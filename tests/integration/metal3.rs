@@ -216,7 +216,22 @@ fn a_host_is_registered_inspected_provisioned_deprovisioned_and_deleted() {
     let spec = r#"  image: {url: "http://10.99.0.1/img.qcow2", checksum: "http://10.99.0.1/img.qcow2.sha256sum", checksumType: sha256, format: qcow2}
   rootDeviceHints: {rotational: false}
   consumerRef: {name: m-0, kind: Metal3Machine, apiVersion: infrastructure.cluster.x-k8s.io/v1beta1}
+  userData: {name: node-0-user-data}
+  metaData: {name: node-0-meta-data}
 "#;
+    // The data Secrets first, as CAPM3 makes them before it claims.
+    let secrets = r##"apiVersion: v1
+kind: Secret
+metadata: {name: node-0-user-data}
+stringData: {userData: "#cloud-config\nhostname: node-0\n"}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: node-0-meta-data}
+stringData: {metaData: "role: worker\n"}
+"##;
+    let out = apply(&d, secrets);
+    assert!(out.contains("secret/node-0-user-data created"), "{out}");
     apply(
         &d,
         &docs(sushy.port, spec).replace("online: false", "online: true"),
@@ -239,6 +254,43 @@ fn a_host_is_registered_inspected_provisioned_deprovisioned_and_deleted() {
             .unwrap()
             .contains("qemuimg2disk")
     );
+    // The config drive the agent writes: Ironic's files in a CONFIG-2
+    // VFAT, the user's data in it (mtools reads it, as blkid finds it).
+    let cd = &w["status"]["tasks"][0]["actions"][1]["environment"];
+    assert_eq!(cd["DEST_DISK"], "/dev/vdb");
+    let url = cd["CONFIG_DRIVE_URL"].as_str().unwrap();
+    let img = d.dir.join("cd.img");
+    let o = d.curl(&["-sf", "-o", img.to_str().unwrap(), url]);
+    assert!(o.status.success(), "config drive: {o:?}");
+    assert!(
+        !d.curl(&["-sf", "-o", "/dev/null", &format!("{url}x")])
+            .status
+            .success()
+    );
+    let mtype = |path: &str| {
+        std::process::Command::new("mtype")
+            .args(["-i", img.to_str().unwrap(), path])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    match mtype("::openstack/latest/user_data") {
+        Ok(u) => {
+            assert_eq!(u, "#cloud-config\nhostname: node-0\n");
+            let meta: Value =
+                serde_json::from_str(&mtype("::openstack/latest/meta_data.json").unwrap()).unwrap();
+            assert_eq!(meta["role"], "worker");
+            assert_eq!(meta["metal3-name"], "node-0");
+            assert_eq!(meta["uuid"], h["status"]["provisioning"]["ID"]);
+        }
+        Err(e) => eprintln!(
+            "DID NOT RUN: mtools' mtype is not installed ({e}): the config drive's files were not read"
+        ),
+    }
+    // The installed OS may read the same user data from the metadata
+    // service: the Hardware has it.
+    let hw: Value =
+        serde_json::from_str(&d.cli_ok(&["get", "hardware", "node-0", "-o", "json"])).unwrap();
+    assert_eq!(hw["spec"]["userData"], "#cloud-config\nhostname: node-0\n");
     run_agent(&d);
     let h = wait_state(&d, "provisioned", Duration::from_secs(60));
     assert_eq!(

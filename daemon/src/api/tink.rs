@@ -83,7 +83,7 @@ async fn apply(
         }
     }
     let (mut hw, mut bmcs, mut tpls, mut wfs, mut sets) = (vec![], vec![], vec![], vec![], vec![]);
-    let mut hosts = vec![];
+    let (mut hosts, mut data) = (vec![], vec![]);
     let mut order = Vec::with_capacity(checked.len());
     for c in checked {
         order.push(match c {
@@ -93,6 +93,7 @@ async fn apply(
             Checked::Workflow(w) => (3, push(&mut wfs, w)),
             Checked::RuleSet(r) => (4, push(&mut sets, r)),
             Checked::Host(h) => (5, push(&mut hosts, *h)),
+            Checked::HostData(d) => (6, push(&mut data, d)),
         });
     }
     let bmc_out = if bmcs.is_empty() {
@@ -151,7 +152,19 @@ async fn apply(
         .zip(h_out)
         .map(|(h, o)| item(crate::metal3::KIND, &h.key, o))
         .collect();
-    let groups = [hw_items, bmc_items, t_items, w_items, s_items, h_items];
+    let d_out = if data.is_empty() {
+        vec![]
+    } else {
+        app.services.metal3.apply_secrets(&data).await?
+    };
+    let d_items: Vec<_> = data
+        .iter()
+        .zip(d_out)
+        .map(|(d, o)| item("Secret", &d.key, o))
+        .collect();
+    let groups = [
+        hw_items, bmc_items, t_items, w_items, s_items, h_items, d_items,
+    ];
     let items: Vec<&Value> = order.iter().map(|&(g, i)| &groups[g][i]).collect();
     let created = items.iter().any(|i| i["result"] == "created");
     let status = if created {

@@ -317,7 +317,7 @@ pub enum Doc {
 
 use crate::hardware::typed;
 
-fn b64(v: &Value, field: &str) -> Result<String, FieldError> {
+pub(crate) fn b64(v: &Value, field: &str) -> Result<String, FieldError> {
     let s = v
         .as_str()
         .ok_or_else(|| FieldError::new(field, "must be a string"))?;

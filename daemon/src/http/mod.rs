@@ -44,6 +44,10 @@ pub fn router(app: Arc<App>) -> Router {
                 crate::metal3::details::REPORT_MAX_BYTES,
             )),
         )
+        .route(
+            "/metal3/v1/configdrive/{namespace}/{name}/{token}",
+            get(config_drive),
+        )
         .nest_service("/artifacts", artifacts)
         .merge(crate::metadata::http::router(app.clone()))
         .layer(middleware::from_fn_with_state(
@@ -76,6 +80,32 @@ async fn inspection_report(
         Err(e @ ReportError::Store(_)) => {
             tracing::warn!(host = %key, error = %e, "metal3: cannot keep an inspection report");
             (StatusCode::SERVICE_UNAVAILABLE, "try again\n".into())
+        }
+    }
+}
+
+/// A BareMetalHost's config drive (its user, network and meta data), for
+/// the agent's `configdrive` action of the host's current provisioning.
+async fn config_drive(
+    State(app): State<Arc<App>>,
+    axum::extract::Path((namespace, name, token)): axum::extract::Path<(String, String, String)>,
+) -> axum::response::Response {
+    use crate::services::metal3::ReportError;
+    use axum::response::IntoResponse;
+    let key = crate::hardware::Key::new(namespace, name);
+    match app.services.metal3.config_drive(&key, &token).await {
+        Ok(img) => (
+            [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+            img,
+        )
+            .into_response(),
+        Err(e @ ReportError::Unknown) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
+        Err(e @ ReportError::Invalid(_)) => {
+            (StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n")).into_response()
+        }
+        Err(e @ ReportError::Store(_)) => {
+            tracing::warn!(host = %key, error = %e, "metal3: cannot build a config drive");
+            (StatusCode::SERVICE_UNAVAILABLE, "try again\n").into_response()
         }
     }
 }

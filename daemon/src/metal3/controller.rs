@@ -5,7 +5,7 @@
 //! the services. Woken by every write to a host, else every few seconds
 //! (the Workflows and BMC jobs it watches change under it).
 
-use super::model::{self, Host};
+use super::model::{self, Host, ProvisioningState};
 use super::owned::{self, Operation};
 use super::state::{self, Do, Observed, Run};
 use crate::bmc::PowerAction;
@@ -13,7 +13,7 @@ use crate::bmc::model::Action;
 use crate::clock::now_ms;
 use crate::hardware::Key;
 use crate::services::Services;
-use crate::services::metal3::Metal3Service;
+use crate::services::metal3::{HostData, Metal3Service};
 use crate::store::metal3::{HostRow, rfc3339};
 use crate::store::workflow::TinkKind;
 use crate::store::{Store, StoreError};
@@ -81,13 +81,13 @@ impl Controller {
                 return Ok(());
             }
         };
-        let obs = self.observe(&host, &row).await?;
+        let (obs, data) = self.observe(&host, &row).await?;
         let step = state::step(&host, &row.status, &row.private, &obs, jitter());
         let mut private = step.private.clone();
         let mut doc = None;
         for d in &step.todo {
             match d {
-                Do::Inspect => private.token = token(),
+                Do::Inspect | Do::Provision { .. } => private.token = token(),
                 Do::RemoveAnnotation(a) => {
                     let base = doc.as_ref().unwrap_or(&row.doc);
                     if let Some(d) = Metal3Service::without_annotation(base, a) {
@@ -117,12 +117,16 @@ impl Controller {
             ..row
         };
         for d in step.todo {
-            self.carry_out(&host, &saved, d).await?;
+            self.carry_out(&host, &saved, data.as_ref(), d).await?;
         }
         Ok(())
     }
 
-    async fn observe(&self, host: &Host, row: &HostRow) -> Result<Observed, PassError> {
+    async fn observe(
+        &self,
+        host: &Host,
+        row: &HostRow,
+    ) -> Result<(Observed, Option<HostData>), PassError> {
         let now_ms = u64::try_from(now_ms()).unwrap_or(0);
         let ns = &host.key.namespace;
         let credentials = match host.spec.bmc.as_ref().map(|b| b.credentials_name.as_str()) {
@@ -145,7 +149,26 @@ impl Controller {
         });
         let p = &row.private;
         let run = p.run.to_string();
-        Ok(Observed {
+        let uid = host
+            .uid()
+            .map(String::from)
+            .unwrap_or_else(|| row.status.provisioning.id.clone());
+        // The data Secrets, read when the host may provision: a missing
+        // one is the provisioning error BMO reports.
+        let data = match row.status.provisioning.state {
+            ProvisioningState::Available
+            | ProvisioningState::Ready
+            | ProvisioningState::Provisioning
+            | ProvisioningState::Provisioned => {
+                Some(self.services.metal3.host_data(host, &uid).await)
+            }
+            _ => None,
+        };
+        let host_data = match &data {
+            Some(Err(m)) => Err(m.clone()),
+            _ => Ok(()),
+        };
+        let obs = Observed {
             now_ms,
             now: rfc3339(i64::try_from(now_ms).unwrap_or(0)),
             credentials,
@@ -158,7 +181,9 @@ impl Controller {
                 .job(&job_key(host, "power"), &p.power_seq.to_string())
                 .await?,
             node_id: host.uid().map_or_else(uuid_v4, String::from),
-        })
+            host_data,
+        };
+        Ok((obs, data.and_then(Result::ok)))
     }
 
     async fn job(&self, key: &Key, run: &str) -> Result<Run, PassError> {
@@ -195,10 +220,16 @@ impl Controller {
         })
     }
 
-    async fn carry_out(&self, host: &Host, row: &HostRow, d: Do) -> Result<(), PassError> {
+    async fn carry_out(
+        &self,
+        host: &Host,
+        row: &HostRow,
+        data: Option<&HostData>,
+        d: Do,
+    ) -> Result<(), PassError> {
         let s = &self.services;
         match d {
-            Do::EnsureParts => self.ensure_parts(host, row).await?,
+            Do::EnsureParts => self.ensure_parts(host, row, data).await?,
             Do::CheckBmc => {
                 let status = Action {
                     power_action: Some(PowerAction::Status),
@@ -237,21 +268,26 @@ impl Controller {
                     self.http_base, host.key.namespace, host.key.name, row.private.token
                 );
                 let actions = owned::inspect_actions(host, &callback);
-                self.operation(host, row, Operation::Inspect, actions)
+                self.operation(host, row, data, Operation::Inspect, actions)
                     .await?;
             }
             Do::Provision { disk } => {
                 let Some(image) = host.spec.image() else {
                     return Ok(());
                 };
-                let actions = owned::provision_actions(host, image, &disk);
-                self.operation(host, row, Operation::Provision, actions)
+                let drive = format!(
+                    "{}/metal3/v1/configdrive/{}/{}/{}",
+                    self.http_base, host.key.namespace, host.key.name, row.private.token
+                );
+                let actions = owned::provision_actions(host, image, &disk, &drive);
+                self.operation(host, row, data, Operation::Provision, actions)
                     .await?;
             }
             Do::Deprovision => {
                 self.operation(
                     host,
                     row,
+                    data,
                     Operation::Deprovision,
                     owned::deprovision_actions(),
                 )
@@ -267,7 +303,12 @@ impl Controller {
 
     /// The host's Hardware and BMC Machine, made or brought up to date
     /// (an apply of the same documents changes nothing).
-    async fn ensure_parts(&self, host: &Host, row: &HostRow) -> Result<(), PassError> {
+    async fn ensure_parts(
+        &self,
+        host: &Host,
+        row: &HostRow,
+        data: Option<&HostData>,
+    ) -> Result<(), PassError> {
         let s = &self.services;
         if let Some(bmc) = &host.bmc {
             let m = crate::bmc::model::parse(owned::machine(host, bmc))
@@ -279,7 +320,8 @@ impl Controller {
         } else {
             row.status.provisioning.id.clone()
         };
-        let hw = crate::hardware::validate(owned::hardware(host, &id, None))
+        let user_data = data.and_then(|d| d.user_data.as_deref());
+        let hw = crate::hardware::validate(owned::hardware(host, &id, user_data))
             .map_err(crate::services::Error::Invalid)?;
         // A Hardware of the name that is not this host's is the user's:
         // never taken over.
@@ -313,10 +355,11 @@ impl Controller {
         &self,
         host: &Host,
         row: &HostRow,
+        data: Option<&HostData>,
         op: Operation,
         actions: Vec<Value>,
     ) -> Result<(), PassError> {
-        self.ensure_parts(host, row).await?;
+        self.ensure_parts(host, row, data).await?;
         let (t, w) = owned::operation(host, op, row.private.run, actions);
         let t = crate::workflow::model::template(t).map_err(crate::services::Error::Invalid)?;
         let w = crate::workflow::model::workflow(w).map_err(crate::services::Error::Invalid)?;

@@ -11,6 +11,7 @@
 //! `services::metal3`.
 
 pub mod bmc_url;
+pub mod configdrive;
 pub mod controller;
 pub mod details;
 pub mod model;

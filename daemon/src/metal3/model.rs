@@ -645,6 +645,54 @@ pub fn host(mut doc: Value) -> Result<Host, FieldError> {
     })
 }
 
+/// The keys BMO reads a host's data Secrets by (`userData`,
+/// `networkData`, `metaData`, each falling back to `value`).
+pub const DATA_KEYS: [&str; 4] = ["userData", "networkData", "metaData", "value"];
+
+/// A Secret's values are at most this big (cloud-init's user data is
+/// rarely more than a few KiB).
+pub const DATA_MAX_BYTES: usize = 512 << 10;
+
+/// A `v1` Secret holding a host's user data, network data or meta data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataSecret {
+    pub key: Key,
+    pub data: std::collections::BTreeMap<String, String>,
+}
+
+/// A Secret with one of [`DATA_KEYS`] and no BMC `username`: a host's
+/// data. None for any other Secret (the BMC's, checked by `bmc::model`).
+pub fn data_secret(doc: &mut Value) -> Result<Option<DataSecret>, FieldError> {
+    let has = |k: &str| {
+        doc.pointer(&format!("/data/{k}")).is_some()
+            || doc.pointer(&format!("/stringData/{k}")).is_some()
+    };
+    if has("username") || !DATA_KEYS.iter().any(|k| has(k)) {
+        return Ok(None);
+    }
+    let key = hardware::object_key(doc)?;
+    let mut data = std::collections::BTreeMap::new();
+    for k in DATA_KEYS {
+        let v = if let Some(v) = doc.pointer(&format!("/stringData/{k}")) {
+            v.as_str()
+                .map(String::from)
+                .ok_or_else(|| FieldError::new(format!("stringData.{k}"), "must be a string"))?
+        } else if let Some(v) = doc.pointer(&format!("/data/{k}")) {
+            crate::bmc::model::b64(v, &format!("data.{k}"))?
+        } else {
+            continue;
+        };
+        if v.len() > DATA_MAX_BYTES {
+            return Err(FieldError::new(
+                format!("data.{k}"),
+                format!("{} bytes, more than {DATA_MAX_BYTES}", v.len()),
+            ));
+        }
+        data.insert(k.to_string(), v);
+    }
+    Ok(Some(DataSecret { key, data }))
+}
+
 /// `reboot.metal3.io`'s value: `""` (soft, then hard) or
 /// `{"mode":"hard"|"soft"}`; true for hard.
 pub fn reboot_mode(v: &str) -> Result<bool, String> {

@@ -167,9 +167,10 @@ pub fn inspect_actions(host: &Host, callback: &str) -> Vec<Value> {
 }
 
 /// Provisioning `image` onto `disk`: streamed (qcow2 converted in the same
-/// pass), checked against its checksum, then the host boots it (online)
-/// or powers off.
-pub fn provision_actions(host: &Host, image: &Image, disk: &str) -> Vec<Value> {
+/// pass), checked against its checksum, the config drive (at
+/// `config_drive`) written to a partition at the disk's end, then the host
+/// boots it (online) or powers off.
+pub fn provision_actions(host: &Host, image: &Image, disk: &str, config_drive: &str) -> Vec<Value> {
     let qcow2 = image.format == Some(ImageFormat::Qcow2);
     let mut env = json!({"IMG_URL": image.url, "DEST_DISK": disk});
     if let Some(c) = image.checksum.as_deref().filter(|c| !c.is_empty()) {
@@ -194,7 +195,14 @@ pub fn provision_actions(host: &Host, image: &Image, disk: &str) -> Vec<Value> {
     } else {
         power("power off", "poweroff")
     };
-    vec![action("stream image", writer, 3600, env), end]
+    // The user's data, as Ironic gives it: a config drive partition.
+    let drive = action(
+        "config drive",
+        "quay.io/tinkerbox/configdrive:latest",
+        300,
+        json!({"CONFIG_DRIVE_URL": config_drive, "DEST_DISK": disk}),
+    );
+    vec![action("stream image", writer, 3600, env), drive, end]
 }
 
 /// Cleaning (`automatedCleaningMode: metadata`): every disk's partition
@@ -246,7 +254,7 @@ mod tests {
             ),
             (
                 Operation::Provision,
-                provision_actions(&h, &image, "/dev/vda"),
+                provision_actions(&h, &image, "/dev/vda", "http://10.0.0.1:8080/cd"),
             ),
             (Operation::Deprovision, deprovision_actions()),
         ] {
@@ -281,7 +289,8 @@ mod tests {
             assert_eq!(t.key, op.key(&h.key));
             assert_eq!(w.doc["metadata"]["annotations"][RUN_ANNOTATION], json!("3"));
         }
-        let env = &provision_actions(&h, &image, "/dev/vda")[0]["environment"];
+        let env =
+            &provision_actions(&h, &image, "/dev/vda", "http://10.0.0.1:8080/cd")[0]["environment"];
         assert_eq!(env["IMG_URL"], json!("http://10.0.0.1/{{`{{`}}bad}}.qcow2"));
         assert_eq!(env["CHECKSUM_TYPE"], json!("sha256"));
     }

@@ -45,6 +45,9 @@ pub struct Observed {
     /// The id the host gets at registration (`status.provisioning.ID`):
     /// its uid, or a fresh UUID.
     pub node_id: String,
+    /// The host's user, network and meta data Secrets: readable and
+    /// well-formed, or why not (read when it may provision).
+    pub host_data: Result<(), String>,
 }
 
 impl Default for Observed {
@@ -60,6 +63,7 @@ impl Default for Observed {
             deprovision: Run::None,
             power_job: Run::None,
             node_id: String::new(),
+            host_data: Ok(()),
         }
     }
 }
@@ -612,6 +616,11 @@ fn provisioning(p: &mut Pass) {
         Run::Running => {}
         Run::None => {
             if !p.may_retry() {
+                return;
+            }
+            if let Err(m) = &p.obs.host_data {
+                let m = m.clone();
+                p.fail(ErrorType::Provisioning, m);
                 return;
             }
             let hints = p.host.spec.root_device_hints.clone().unwrap_or_default();

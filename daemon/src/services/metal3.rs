@@ -25,9 +25,10 @@ pub struct Metal3Service {
 /// Why an inspection report was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    /// No host, or not this report's secret, or not inspecting: the
-    /// same answer for each, so a caller learns nothing of the hosts.
-    #[error("no inspection is waiting for this report")]
+    /// No host, or not the current operation's secret, or not in the
+    /// state that takes it: the same answer for each, so a caller learns
+    /// nothing of the hosts.
+    #[error("no host operation is waiting for this request")]
     Unknown,
     #[error("{0}")]
     Invalid(String),
@@ -49,6 +50,16 @@ impl Metal3Service {
 
     pub async fn apply(&self, hosts: &[Host]) -> Result<Vec<Outcome>, StoreError> {
         let out = self.store.apply_hosts(hosts).await?;
+        self.wake.notify_one();
+        Ok(out)
+    }
+
+    /// Secrets of hosts' user, network and meta data.
+    pub async fn apply_secrets(
+        &self,
+        secrets: &[crate::metal3::model::DataSecret],
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let out = self.store.apply_data_secrets(secrets).await?;
         self.wake.notify_one();
         Ok(out)
     }
@@ -184,6 +195,92 @@ impl Metal3Service {
             .and_then(Value::as_object_mut)?;
         a.remove(name)?;
         Some(d)
+    }
+}
+
+/// What a host's data Secrets hold, read and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostData {
+    pub user_data: Option<String>,
+    pub network_data: Option<Value>,
+    pub meta_data: Value,
+}
+
+impl Metal3Service {
+    /// A host's user, network and meta data from its Secrets (BMO's keys,
+    /// each falling back to `value`), as its config drive holds them.
+    pub async fn host_data(&self, host: &Host, uid: &str) -> Result<HostData, String> {
+        let read = |what: &'static str, r: Option<&crate::metal3::model::SecretRef>| {
+            let key = r
+                .filter(|r| !r.name.is_empty())
+                .map(|r| Key::new(host.key.namespace.clone(), r.name.clone()));
+            async move {
+                let Some(key) = key else { return Ok(None) };
+                let data = self
+                    .store
+                    .data_secret(&key)
+                    .await
+                    .map_err(|e| format!("could not retrieve {what}: {e}"))?
+                    .ok_or_else(|| {
+                        format!("could not retrieve {what}: Secret {key} was not found")
+                    })?;
+                let field = match what {
+                    "user data" => "userData",
+                    "network data" => "networkData",
+                    _ => "metaData",
+                };
+                Ok::<_, String>(data.get(field).or_else(|| data.get("value")).cloned())
+            }
+        };
+        let user_data = read("user data", host.spec.user_data.as_ref()).await?;
+        let network = read("network data", host.spec.network_data.as_ref()).await?;
+        let meta = read("metadata", host.spec.meta_data.as_ref()).await?;
+        let network_data = network
+            .as_deref()
+            .filter(|t| !t.trim().is_empty())
+            .map(crate::metal3::configdrive::network_data)
+            .transpose()?;
+        let meta_data = crate::metal3::configdrive::meta_data(
+            uid,
+            &host.key.namespace,
+            &host.key.name,
+            meta.as_deref(),
+        )?;
+        Ok(HostData {
+            user_data,
+            network_data,
+            meta_data,
+        })
+    }
+
+    /// The config drive of the host's current provisioning, for the
+    /// agent's `configdrive` action holding its secret.
+    pub async fn config_drive(&self, key: &Key, token: &str) -> Result<Vec<u8>, ReportError> {
+        let Some(row) = self.store.host(key).await? else {
+            return Err(ReportError::Unknown);
+        };
+        let waiting = row.status.provisioning.state == ProvisioningState::Provisioning
+            && !row.private.token.is_empty()
+            && constant_time_eq::constant_time_eq(row.private.token.as_bytes(), token.as_bytes());
+        if !waiting {
+            return Err(ReportError::Unknown);
+        }
+        let host = crate::metal3::model::host(row.doc.clone())
+            .map_err(|e| ReportError::Invalid(e.to_string()))?;
+        let uid = host
+            .uid()
+            .map(String::from)
+            .unwrap_or_else(|| row.status.provisioning.id.clone());
+        let d = self
+            .host_data(&host, &uid)
+            .await
+            .map_err(ReportError::Invalid)?;
+        crate::metal3::configdrive::build(
+            &d.meta_data,
+            d.user_data.as_deref(),
+            d.network_data.as_ref(),
+        )
+        .map_err(ReportError::Invalid)
     }
 }
 

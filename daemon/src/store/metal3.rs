@@ -7,7 +7,7 @@
 use super::{Outcome, Store, StoreError};
 use crate::clock::now_ms;
 use crate::hardware::Key;
-use crate::metal3::model::{Host, Status};
+use crate::metal3::model::{DataSecret, Host, Status};
 use crate::metal3::state::Private;
 use serde_json::Value;
 
@@ -127,7 +127,71 @@ pub(super) async fn upsert_host(
     Ok(outcome)
 }
 
+/// A host data Secret, created or replaced.
+pub(super) async fn upsert_data_secret(
+    tx: &mut sqlx::SqliteConnection,
+    d: &DataSecret,
+) -> Result<Outcome, StoreError> {
+    let text = serde_json::to_string(&d.data)
+        .map_err(|e| StoreError::Corrupt(d.key.clone(), e.to_string()))?;
+    let old: Option<String> =
+        sqlx::query_scalar("SELECT data FROM host_data_secrets WHERE namespace = ? AND name = ?")
+            .bind(&d.key.namespace)
+            .bind(&d.key.name)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if old.as_deref() == Some(text.as_str()) {
+        return Ok(Outcome::Unchanged);
+    }
+    sqlx::query(
+        "INSERT INTO host_data_secrets (namespace, name, data, updated_ms) VALUES (?, ?, ?, ?)
+         ON CONFLICT (namespace, name) DO UPDATE SET data = excluded.data, updated_ms = excluded.updated_ms",
+    )
+    .bind(&d.key.namespace)
+    .bind(&d.key.name)
+    .bind(text)
+    .bind(now_ms())
+    .execute(&mut *tx)
+    .await?;
+    Ok(if old.is_some() {
+        Outcome::Configured
+    } else {
+        Outcome::Created
+    })
+}
+
 impl Store {
+    pub async fn apply_data_secrets(
+        &self,
+        secrets: &[DataSecret],
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut out = Vec::with_capacity(secrets.len());
+        for d in secrets {
+            out.push(upsert_data_secret(&mut tx, d).await?);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// A host data Secret's values, if there is one.
+    pub async fn data_secret(
+        &self,
+        key: &Key,
+    ) -> Result<Option<std::collections::BTreeMap<String, String>>, StoreError> {
+        let r: Option<String> = sqlx::query_scalar(
+            "SELECT data FROM host_data_secrets WHERE namespace = ? AND name = ?",
+        )
+        .bind(&key.namespace)
+        .bind(&key.name)
+        .fetch_optional(self.pool())
+        .await?;
+        r.map(|t| {
+            serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))
+        })
+        .transpose()
+    }
+
     /// Hosts as applied, in one transaction; a host applied again keeps
     /// its status.
     pub async fn apply_hosts(&self, hosts: &[Host]) -> Result<Vec<Outcome>, StoreError> {

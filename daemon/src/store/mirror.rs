@@ -40,6 +40,7 @@ impl MirrorItem {
             Checked::Workflow(w) => &w.key,
             Checked::RuleSet(r) => &r.key,
             Checked::Host(h) => &h.key,
+            Checked::HostData(d) => &d.key,
             Checked::Bmc(Doc::Machine { key, .. })
             | Checked::Bmc(Doc::Job { key, .. })
             | Checked::Bmc(Doc::Task { key, .. })
@@ -184,6 +185,7 @@ impl Store {
                     upsert_document(&mut tx, DocTable::RuleSets, &r.key, &r.doc).await?
                 }
                 Checked::Host(h) => super::metal3::upsert_host(&mut tx, h).await?,
+                Checked::HostData(d) => super::metal3::upsert_data_secret(&mut tx, d).await?,
                 Checked::Workflow(w) => {
                     // Deleted and made again under its name while unwatched:
                     // a new Workflow, whose status is not the old one's.
