@@ -63,6 +63,9 @@ pub enum Kind {
     Inspect,
     /// tinkerbox's own: Ironic's metadata cleaning of every disk.
     WipeDisks,
+    /// tinkerbox's own: a config drive partition for cloud-init, as
+    /// Ironic's agent makes it.
+    ConfigDrive,
 }
 
 impl Kind {
@@ -80,6 +83,7 @@ impl Kind {
             Kind::Poweroff => "poweroff",
             Kind::Inspect => "inspect",
             Kind::WipeDisks => "wipe-disks",
+            Kind::ConfigDrive => "configdrive",
         }
     }
 }
@@ -109,6 +113,7 @@ pub fn kind_of(image: &str, command: &[String]) -> Option<Kind> {
         "poweroff" | "shutdown" => Some(Kind::Poweroff),
         "inspect" => Some(Kind::Inspect),
         "wipe-disks" => Some(Kind::WipeDisks),
+        "configdrive" => Some(Kind::ConfigDrive),
         _ => None,
     };
     by_name.or_else(|| power_command(command))
@@ -176,6 +181,16 @@ mod tests {
         );
         assert_eq!(kind_of("quay.io/tinkerbox/wipe-disks-full", &[]), None);
         assert_eq!(Kind::WipeDisks.as_str(), "wipe-disks");
+        assert_eq!(
+            kind_of("quay.io/tinkerbox/configdrive:latest", &[]),
+            Some(Kind::ConfigDrive)
+        );
+        assert_eq!(
+            kind_of("10.99.0.1:5000/tinkerbox/configdrive@sha256:0123", &[]),
+            Some(Kind::ConfigDrive)
+        );
+        assert_eq!(kind_of("quay.io/tinkerbox/config-drive", &[]), None);
+        assert_eq!(Kind::ConfigDrive.as_str(), "configdrive");
         assert_eq!(kind_of("bash", &cmd(&["sleep", "2"])), None);
         assert_eq!(kind_of("alpine", &[]), None);
     }

@@ -3,7 +3,8 @@
 //! the well-known Tinkerbell action images natively, with no container
 //! runtime: image2disk, oci2disk, writefile, cexec, kexec, archive2disk,
 //! waitdaemon, reboot and poweroff; and tinkerbox's own inspect (the hardware,
-//! in Metal3's shape) and wipe-disks (metadata cleaning) for BareMetalHosts.
+//! in Metal3's shape), wipe-disks (metadata cleaning) and configdrive (a
+//! config drive partition for cloud-init) for BareMetalHosts.
 #![deny(unsafe_code)]
 
 pub mod action;

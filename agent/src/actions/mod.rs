@@ -6,6 +6,7 @@
 pub mod archive;
 pub mod cexec;
 pub mod checksum;
+pub mod configdrive;
 pub mod disk;
 pub mod fetch;
 pub mod inspect;
@@ -123,8 +124,8 @@ pub struct Runner {
     /// Registries oci2disk may reach in plain HTTP (`insecure_registries=`
     /// on the kernel command line), beside an action's own list.
     pub insecure_registries: String,
-    /// Where /proc, /sys and /dev are (inspect, wipe-disks): `/`, or a
-    /// fixture tree in tests.
+    /// Where /proc, /sys and /dev are (inspect, wipe-disks, configdrive's
+    /// sector size): `/`, or a fixture tree in tests.
     pub root: PathBuf,
 }
 
@@ -183,7 +184,8 @@ pub async fn run(runner: &Runner, action: &Action, progress: Progress) -> Outcom
     let Some(kind) = kind_of(&action.image, &action.command) else {
         return Outcome::failed(format!(
             "image {:?} is not an action tinkerbox-agent runs natively (image2disk, qemuimg2disk, oci2disk, \
-             writefile, cexec, kexec, archive2disk, waitdaemon, reboot, poweroff, inspect, wipe-disks) and \
+             writefile, cexec, kexec, archive2disk, waitdaemon, reboot, poweroff, inspect, wipe-disks, \
+             configdrive) and \
              this OSIE has no container runtime",
             action.image
         ));
@@ -216,6 +218,7 @@ pub async fn run(runner: &Runner, action: &Action, progress: Progress) -> Outcom
         Kind::WaitDaemon => wait_daemon(action),
         Kind::Inspect => inspect::run(runner, &env, &progress).await.into(),
         Kind::WipeDisks => wipe::run(runner, &env, &progress).await.into(),
+        Kind::ConfigDrive => configdrive::run(runner, &env, &progress).await.into(),
     }
 }
 
@@ -276,5 +279,29 @@ fn go_down(runner: &Runner, ending: Ending) {
         Ending::Poweroff => kexec::power(runner, kexec::Power::Poweroff),
         Ending::Kexec => kexec::power(runner, kexec::Power::Kexec),
         Ending::Later(..) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_unknown_image_fails_naming_those_run_natively() {
+        let action = Action {
+            image: "alpine".into(),
+            command: vec!["sleep".into(), "1".into()],
+            ..Action::default()
+        };
+        let (progress, _rx) = Progress::channel();
+        let out = run(&Runner::default(), &action, progress).await;
+        assert_eq!(out.state, End::Failed);
+        assert!(
+            out.message.contains(
+                "inspect, wipe-disks, configdrive) and this OSIE has no container runtime"
+            ),
+            "{}",
+            out.message
+        );
     }
 }
