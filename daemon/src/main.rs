@@ -79,7 +79,49 @@ enum Command {
         #[command(flatten)]
         list: ListArgs,
     },
-    /// Delete an object (hardware, template, workflow)
+    /// Claim an available BareMetalHost matching a label selector (at random among equals, as CAPM3 does) and provision it with an image
+    Claim {
+        /// Label selector the host must match (kubectl's grammar: k=v,k2 in (a,b),!k3); empty: any
+        #[arg(short = 'l', long, default_value = "")]
+        selector: String,
+        /// The image's URL (http or https)
+        #[arg(long)]
+        image: String,
+        /// Its checksum: a hex digest, or the URL of a checksum file (sha256sum's format)
+        #[arg(long)]
+        checksum: Option<String>,
+        /// md5, sha256, sha512 or auto (by the digest's length)
+        #[arg(long)]
+        checksum_type: Option<String>,
+        /// raw (default; may be gzip, xz, zstd or bzip2 compressed) or qcow2
+        #[arg(long)]
+        format: Option<String>,
+        /// cloud-init user data, given to the host in its config drive and by the metadata service
+        #[arg(long, value_name = "FILE")]
+        user_data: Option<std::path::PathBuf>,
+        /// The consumer's name (spec.consumerRef.name); default claim-<time>
+        #[arg(long)]
+        consumer: Option<String>,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// Return once claimed, without following the host until provisioned
+        #[arg(long)]
+        no_wait: bool,
+        #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
+    /// Release a claimed BareMetalHost: its image cleared, its disks cleaned, then its consumer
+    Release {
+        name: String,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// Return once the release is asked, without waiting for the cleaning
+        #[arg(long)]
+        no_wait: bool,
+        #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
+    /// Delete an object (hardware, template, workflow, baremetalhost)
     Delete {
         #[arg(value_enum)]
         kind: Kind,
@@ -411,6 +453,57 @@ async fn run(args: Args) -> anyhow::Result<()> {
             name,
             namespace,
         } => cli::objects::delete(&target(vec![]), *kind, name, namespace.as_deref()).await,
+        Command::Claim {
+            selector,
+            image,
+            checksum,
+            checksum_type,
+            format,
+            user_data,
+            consumer,
+            namespace,
+            no_wait,
+            timeout,
+        } => {
+            let user_data = match user_data {
+                Some(p) => Some(
+                    std::fs::read_to_string(p)
+                        .map_err(|e| anyhow::anyhow!("reading --user-data {}: {e}", p.display()))?,
+                ),
+                None => None,
+            };
+            cli::metal3::claim(
+                &target(vec![]),
+                cli::metal3::ClaimArgs {
+                    namespace: namespace.as_deref(),
+                    selector,
+                    image,
+                    checksum: checksum.as_deref(),
+                    checksum_type: checksum_type.as_deref(),
+                    format: format.as_deref(),
+                    user_data,
+                    consumer: consumer.as_deref(),
+                    wait: !*no_wait,
+                    timeout: *timeout,
+                },
+            )
+            .await
+        }
+        Command::Release {
+            name,
+            namespace,
+            no_wait,
+            timeout,
+        } => {
+            cli::metal3::release(
+                &target(vec![]),
+                name,
+                namespace.as_deref(),
+                !*no_wait,
+                *timeout,
+            )
+            .await
+        }
         Command::Describe {
             kind: DescribeKind::Workflow,
             name,

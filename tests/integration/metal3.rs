@@ -404,3 +404,150 @@ fn a_host_the_webhook_would_refuse_is_refused_and_a_bad_bmc_is_a_registration_er
     }
     let _ = json!({});
 }
+
+/// A host not inspected: its hardware from BMO's annotation.
+fn bare_host(name: &str, mac: &str, rack: &str, sushy_port: u16) -> String {
+    format!(
+        r#"---
+apiVersion: v1
+kind: Secret
+metadata: {{name: {name}-bmc}}
+stringData: {{username: admin, password: "pw-Metal3"}}
+---
+apiVersion: metal3.io/v1alpha1
+kind: BareMetalHost
+metadata:
+  name: {name}
+  labels: {{rack: {rack}}}
+  annotations:
+    inspect.metal3.io/hardwaredetails: '{{"storage": [{{"name": "/dev/vda", "sizeBytes": 21474836480}}], "nics": [{{"name": "eth0", "mac": "{mac}", "ip": "", "pxe": true}}]}}'
+spec:
+  online: false
+  inspectionMode: disabled
+  bootMACAddress: "{mac}"
+  bmc: {{address: "redfish+http://127.0.0.1:{sushy_port}", credentialsName: {name}-bmc}}
+"#
+    )
+}
+
+fn wait_named(d: &Daemon, name: &str, want: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let h: Value =
+            serde_json::from_str(&d.cli_ok(&["get", "bmh", name, "-o", "json"])).unwrap();
+        if h["status"]["provisioning"]["state"] == want {
+            return h;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} never {want}: {h:#}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn claim_picks_an_available_matching_host_and_release_cleans_it_and_gives_it_back() {
+    let (s1, s2) = (Sushy::start(), Sushy::start());
+    let d = Daemon::start();
+    const MAC_B: &str = "52:54:00:77:00:0b";
+    apply(
+        &d,
+        &format!(
+            "{}{}",
+            bare_host("node-a", "52:54:00:77:00:0a", "r1", s1.port),
+            bare_host("node-b", MAC_B, "r2", s2.port)
+        ),
+    );
+    // Not inspected: straight to available, the hardware from the
+    // annotation (which is then removed, as BMO does).
+    let b = wait_named(&d, "node-b", "available");
+    assert_eq!(b["status"]["hardware"]["storage"][0]["name"], "/dev/vda");
+    assert!(
+        b["metadata"]["annotations"]
+            .get("inspect.metal3.io/hardwaredetails")
+            .is_none()
+    );
+    assert!(b["status"]["operationHistory"]["inspect"]["start"].is_null());
+    wait_named(&d, "node-a", "available");
+
+    // Claimed by label: the one host in rack r2.
+    let ud = write_file(&d.dir, "user-data", "#cloud-config\nhostname: claimed\n");
+    let out = d.cli_ok(&[
+        "claim",
+        "-l",
+        "rack=r2",
+        "--image",
+        "http://10.99.0.1/img.raw.gz",
+        "--checksum",
+        "0123456789abcdef0123456789abcdef",
+        "--user-data",
+        ud.to_str().unwrap(),
+        "--consumer",
+        "web-1",
+        "--no-wait",
+    ]);
+    assert!(
+        out.contains("baremetalhost.metal3.io/node-b claimed by web-1"),
+        "{out}"
+    );
+    let b = wait_named(&d, "node-b", "provisioning");
+    assert_eq!(b["spec"]["consumerRef"]["name"], "web-1");
+    assert_eq!(b["spec"]["online"], true);
+    assert_eq!(b["spec"]["userData"]["name"], "node-b-user-data");
+    let env = first_action_env(&d, "node-b-provision");
+    assert_eq!(env["CHECKSUM_TYPE"], "auto");
+    // Nothing else in r2 is available: a clear refusal.
+    let o = d.cli(&[
+        "claim",
+        "-l",
+        "rack=r2",
+        "--image",
+        "http://x/i",
+        "--checksum",
+        "ab",
+        "--no-wait",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("available BareMetalHost"), "{err}");
+
+    let out = peer(&d, &["agent", MAC_B, "--polls", "800"]);
+    assert!(
+        out.iter()
+            .any(|e| e["event"] == "done" && e["ran"].as_u64() >= Some(3)),
+        "{out:#?}"
+    );
+    wait_named(&d, "node-b", "provisioned");
+
+    // Released: cleaned, then its consumer cleared.
+    let out = d.cli_ok(&["release", "node-b", "--no-wait"]);
+    assert!(out.contains("releasing"), "{out}");
+    wait_named(&d, "node-b", "deprovisioning");
+    let out = peer(&d, &["agent", MAC_B, "--polls", "800"]);
+    assert!(
+        out.iter()
+            .any(|e| e["event"] == "done" && e["ran"].as_u64() >= Some(2)),
+        "{out:#?}"
+    );
+    wait_named(&d, "node-b", "available");
+    let out = d.cli_ok(&["release", "node-b"]);
+    assert!(out.contains("node-b released"), "{out}");
+    let b = wait_named(&d, "node-b", "available");
+    assert!(b["spec"].get("consumerRef").is_none(), "{b:#}");
+    assert!(b["spec"].get("image").is_none());
+    assert_eq!(b["spec"]["online"], false);
+    // Claimable again.
+    let out = d.cli_ok(&[
+        "claim",
+        "-l",
+        "rack in (r2)",
+        "--image",
+        "http://x/i",
+        "--checksum",
+        "ab",
+        "--no-wait",
+    ]);
+    assert!(out.contains("node-b claimed"), "{out}");
+}

@@ -5,6 +5,8 @@
 //! GET    /api/v1/baremetalhosts[?namespace=NS]          BareMetalHostList, each with its status
 //! GET    /api/v1/baremetalhosts/{name}[?namespace=NS]
 //! DELETE /api/v1/baremetalhosts/{name}[?namespace=NS]   202: the host is taken down, then goes
+//! POST   /api/v1/baremetalhosts/claim                   {selector, image, userData, consumer, namespace}: one available host claimed
+//! POST   /api/v1/baremetalhosts/{name}/release[?namespace=NS]   its image cleared (it deprovisions); once available, its consumer
 //! GET    /api/v1/hardwaredata[?namespace=NS]            HardwareDataList
 //! GET    /api/v1/hardwaredata/{name}[?namespace=NS]
 //! ```
@@ -14,7 +16,7 @@ use crate::app::App;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -26,6 +28,8 @@ pub fn routes() -> Router<Arc<App>> {
             "/api/v1/baremetalhosts/{name}",
             get(host).delete(delete_host),
         )
+        .route("/api/v1/baremetalhosts/claim", post(claim))
+        .route("/api/v1/baremetalhosts/{name}/release", post(release))
         .route("/api/v1/hardwaredata", get(datas))
         .route("/api/v1/hardwaredata/{name}", get(data))
 }
@@ -76,6 +80,27 @@ async fn delete_host(
         StatusCode::ACCEPTED,
         Json(json!({"namespace": k.namespace, "name": k.name, "result": "deleting"})),
     ))
+}
+
+async fn claim(
+    State(app): State<Arc<App>>,
+    body: Result<Json<crate::services::metal3::Claim>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    host_mode(&app)?;
+    let Json(c) = body.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let done = app.services.metal3.claim(&c).await?;
+    Ok(Json(serde_json::to_value(done).unwrap_or_default()))
+}
+
+async fn release(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    q: Result<Query<NsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    host_mode(&app)?;
+    let k = key(name, query(q)?);
+    let done = app.services.metal3.release(&k).await?;
+    Ok(Json(serde_json::to_value(done).unwrap_or_default()))
 }
 
 async fn datas(

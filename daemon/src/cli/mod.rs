@@ -4,6 +4,7 @@
 //! config file (`api.listen`, `state_dir/api-token`).
 
 pub mod bmc;
+pub mod metal3;
 pub mod objects;
 
 use crate::config::{Config, Sources};

@@ -29,6 +29,8 @@ pub const PAUSED: &str = "baremetalhost.metal3.io/paused";
 pub const DETACHED: &str = "baremetalhost.metal3.io/detached";
 pub const INSPECT: &str = "inspect.metal3.io";
 pub const REBOOT: &str = "reboot.metal3.io";
+/// A host's hardware given by hand, for a host not inspected.
+pub const HARDWARE_DETAILS: &str = "inspect.metal3.io/hardwaredetails";
 
 /// The label every object a host owns carries: the host's name.
 pub const OWNER_LABEL: &str = "metal3.io/baremetalhost";

@@ -630,6 +630,22 @@ pub fn host(mut doc: Value) -> Result<Host, FieldError> {
             format!("{v:?}: only \"disabled\" or \"\""),
         ));
     }
+    if let Some(v) = ann(super::HARDWARE_DETAILS) {
+        if !(spec.inspection_mode == Some(InspectionMode::Disabled)
+            || ann(super::INSPECT) == Some("disabled"))
+        {
+            return Err(FieldError::new(
+                format!("metadata.annotations.{}", super::HARDWARE_DETAILS),
+                "only for a host whose inspection is disabled",
+            ));
+        }
+        super::details::check_report(v.as_bytes()).map_err(|m| {
+            FieldError::new(
+                format!("metadata.annotations.{}", super::HARDWARE_DETAILS),
+                m,
+            )
+        })?;
+    }
     if let Some(v) = ann(super::REBOOT)
         && !v.is_empty()
     {

@@ -353,6 +353,16 @@ pub fn step(host: &Host, status: &Status, private: &Private, obs: &Observed, jit
         deleting(&mut p);
         return p.done();
     }
+    // BMO's updateHardwareDetails: a host not inspected takes its
+    // hardware from the annotation (checked at apply), once.
+    if p.s.hardware.is_none()
+        && host.inspection_disabled()
+        && let Some(v) = host.annotation(super::HARDWARE_DETAILS)
+        && let Ok(hw) = details::check_report(v.as_bytes())
+    {
+        p.s.hardware = Some(hw);
+        p.todo.push(Do::RemoveAnnotation(super::HARDWARE_DETAILS));
+    }
     if host.detached() {
         p.s.operational_status = OperationalStatus::Detached;
         return p.done();

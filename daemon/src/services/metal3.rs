@@ -20,6 +20,8 @@ pub struct Metal3Service {
     events: EventSink,
     /// Wakes the lifecycle controller.
     pub wake: Arc<Notify>,
+    /// One claim at a time.
+    claims: tokio::sync::Mutex<()>,
 }
 
 /// Why an inspection report was refused.
@@ -45,6 +47,7 @@ impl Metal3Service {
             store,
             events,
             wake: Arc::new(Notify::new()),
+            claims: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -291,4 +294,188 @@ impl From<ReportError> for Error {
             other => Error::Invalid(FieldError::new("", other.to_string())),
         }
     }
+}
+
+/// `tinkerbox claim`: what a host is claimed with.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Claim {
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// A label selector (kubectl's grammar); empty: any host.
+    #[serde(default)]
+    pub selector: String,
+    pub image: crate::metal3::model::Image,
+    /// cloud-init user data, kept in a Secret `<host>-user-data`.
+    #[serde(default)]
+    pub user_data: Option<String>,
+    /// The consumer's name (`spec.consumerRef.name`).
+    pub consumer: String,
+}
+
+/// What a claim or a release did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Claimed {
+    pub namespace: String,
+    pub name: String,
+    pub state: String,
+}
+
+/// The consumer kind of `tinkerbox claim`'s hosts.
+pub const CLAIM_KIND: &str = "TinkerboxClaim";
+
+impl Metal3Service {
+    /// CAPM3's `chooseHost` and `Associate`: among the hosts in the
+    /// namespace that match the selector, are available, have no consumer,
+    /// no error, are not paused, unhealthy or being deleted, one at random;
+    /// then its consumer, image, user data and `online: true` in one write.
+    /// Claims are serialised: two never take one host.
+    pub async fn claim(&self, c: &Claim) -> Result<Claimed, Error> {
+        let _one = self.claims.lock().await;
+        let ns = c
+            .namespace
+            .clone()
+            .unwrap_or_else(|| crate::hardware::DEFAULT_NAMESPACE.into());
+        let sel = crate::labels::parse(&c.selector)
+            .map_err(|m| Error::Invalid(FieldError::new("selector", m)))?;
+        if c.image.url.is_empty() {
+            return Err(Error::Invalid(FieldError::new("image.url", "required")));
+        }
+        let rows = self.store.hosts(Some(&ns)).await?;
+        let candidates: Vec<&HostRow> = rows
+            .iter()
+            .filter(|r| crate::labels::selects(&sel, &r.doc) && claimable(r))
+            .collect();
+        if candidates.is_empty() {
+            return Err(Error::NotFound(format!(
+                "an available BareMetalHost in namespace {ns} matching {:?} (state available, no consumer, \
+                 no error, not paused)",
+                c.selector
+            )));
+        }
+        let mut b = [0u8; 8];
+        let pick = match getrandom::fill(&mut b) {
+            Ok(()) => (u64::from_le_bytes(b) % candidates.len() as u64) as usize,
+            Err(_) => 0,
+        };
+        let row = candidates[pick];
+        let mut doc = row.doc.clone();
+        let spec = doc
+            .get_mut("spec")
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| Error::Invalid(FieldError::new("spec", "the host has no spec")))?;
+        spec.insert(
+            "consumerRef".into(),
+            json!({"kind": CLAIM_KIND, "name": c.consumer, "namespace": ns}),
+        );
+        spec.insert(
+            "image".into(),
+            serde_json::to_value(&c.image).unwrap_or_default(),
+        );
+        spec.insert("online".into(), Value::Bool(true));
+        if let Some(u) = &c.user_data {
+            let secret = crate::metal3::model::DataSecret {
+                key: Key::new(ns.clone(), format!("{}-user-data", row.key.name)),
+                data: [("userData".to_string(), u.clone())].into(),
+            };
+            if u.len() > crate::metal3::model::DATA_MAX_BYTES {
+                return Err(Error::Invalid(FieldError::new(
+                    "userData",
+                    format!("more than {} bytes", crate::metal3::model::DATA_MAX_BYTES),
+                )));
+            }
+            self.store.apply_data_secrets(&[secret.clone()]).await?;
+            spec.insert("userData".into(), json!({"name": secret.key.name}));
+        }
+        // The document still passes BMO's webhook.
+        let checked = crate::metal3::model::host(doc)?;
+        self.store
+            .replace_host_doc(&row.key, row.version, &checked.doc)
+            .await?;
+        self.wake.notify_one();
+        Ok(Claimed {
+            namespace: row.key.namespace.clone(),
+            name: row.key.name.clone(),
+            state: row.status.provisioning.state.as_str().into(),
+        })
+    }
+
+    /// CAPM3's `Delete`: the image and the data cleared and `online:
+    /// false` (the host deprovisions, cleaned); once the host is available
+    /// again, the consumer cleared. Called again until it says so.
+    pub async fn release(&self, key: &Key) -> Result<Claimed, Error> {
+        let Some(row) = self.store.host(key).await? else {
+            return Err(Error::NotFound(format!("BareMetalHost {key}")));
+        };
+        let mut doc = row.doc.clone();
+        let Some(spec) = doc.get_mut("spec").and_then(Value::as_object_mut) else {
+            return Err(Error::Invalid(FieldError::new(
+                "spec",
+                "the host has no spec",
+            )));
+        };
+        let had_image = spec.remove("image").is_some();
+        let ours = spec
+            .get("consumerRef")
+            .and_then(|c| c.get("kind"))
+            .and_then(Value::as_str)
+            == Some(CLAIM_KIND);
+        spec.remove("userData");
+        spec.remove("customDeploy");
+        spec.remove("metaData");
+        spec.remove("networkData");
+        let disable = spec.get("disablePowerOff") == Some(&Value::Bool(true));
+        spec.insert("online".into(), Value::Bool(disable));
+        use ProvisioningState as S;
+        let state = row.status.provisioning.state;
+        let done = !had_image && matches!(state, S::Available | S::Ready);
+        if done {
+            spec.remove("consumerRef");
+        }
+        if doc != row.doc {
+            let checked = crate::metal3::model::host(doc)?;
+            self.store
+                .replace_host_doc(&row.key, row.version, &checked.doc)
+                .await?;
+            self.wake.notify_one();
+        }
+        // The user data Secret `claim` made goes with its consumer.
+        if done && ours {
+            self.store
+                .delete_data_secret(&Key::new(
+                    key.namespace.clone(),
+                    format!("{}-user-data", key.name),
+                ))
+                .await?;
+        }
+        Ok(Claimed {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            state: if done {
+                "released".into()
+            } else {
+                state.as_str().into()
+            },
+        })
+    }
+}
+
+/// CAPM3's candidate filter.
+fn claimable(r: &HostRow) -> bool {
+    use ProvisioningState as S;
+    let ann = |k: &str| {
+        r.doc
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(k))
+            .is_some()
+    };
+    matches!(r.status.provisioning.state, S::Available | S::Ready)
+        && r.doc
+            .pointer("/spec/consumerRef")
+            .is_none_or(Value::is_null)
+        && r.doc.pointer("/metadata/deletionTimestamp").is_none()
+        && r.status.error_message.is_empty()
+        && !ann(crate::metal3::PAUSED)
+        && !ann("capm3.metal3.io/unhealthy")
+        && !ann("capi.metal3.io/unhealthy")
 }

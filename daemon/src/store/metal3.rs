@@ -174,6 +174,16 @@ impl Store {
         Ok(out)
     }
 
+    pub async fn delete_data_secret(&self, key: &Key) -> Result<bool, StoreError> {
+        let n = sqlx::query("DELETE FROM host_data_secrets WHERE namespace = ? AND name = ?")
+            .bind(&key.namespace)
+            .bind(&key.name)
+            .execute(self.pool())
+            .await?
+            .rows_affected();
+        Ok(n > 0)
+    }
+
     /// A host data Secret's values, if there is one.
     pub async fn data_secret(
         &self,
@@ -266,6 +276,36 @@ impl Store {
                 key: key.clone(),
                 expected: version,
                 found: found.unwrap_or(0),
+            });
+        }
+        Ok(version + 1)
+    }
+
+    /// A host's document replaced (a claim or a release), if the host is
+    /// still at `version`.
+    pub async fn replace_host_doc(
+        &self,
+        key: &Key,
+        version: i64,
+        doc: &Value,
+    ) -> Result<i64, StoreError> {
+        let n = sqlx::query(
+            "UPDATE baremetalhosts SET doc = ?, version = version + 1, updated_ms = ?
+             WHERE namespace = ? AND name = ? AND version = ?",
+        )
+        .bind(doc.to_string())
+        .bind(now_ms())
+        .bind(&key.namespace)
+        .bind(&key.name)
+        .bind(version)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        if n == 0 {
+            return Err(StoreError::Stale {
+                key: key.clone(),
+                expected: version,
+                found: 0,
             });
         }
         Ok(version + 1)
