@@ -102,24 +102,14 @@ enum Command {
         /// The consumer's name (spec.consumerRef.name); default claim-<time>
         #[arg(long)]
         consumer: Option<String>,
-        #[arg(short, long)]
-        namespace: Option<String>,
-        /// Return once claimed, without following the host until provisioned
-        #[arg(long)]
-        no_wait: bool,
-        #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = humantime::parse_duration)]
-        timeout: std::time::Duration,
+        #[command(flatten)]
+        follow: FollowArgs,
     },
     /// Release a claimed BareMetalHost: its image cleared, its disks cleaned, then its consumer
     Release {
         name: String,
-        #[arg(short, long)]
-        namespace: Option<String>,
-        /// Return once the release is asked, without waiting for the cleaning
-        #[arg(long)]
-        no_wait: bool,
-        #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = humantime::parse_duration)]
-        timeout: std::time::Duration,
+        #[command(flatten)]
+        follow: FollowArgs,
     },
     /// Delete an object (hardware, template, workflow, baremetalhost)
     Delete {
@@ -335,6 +325,19 @@ struct ListArgs {
     output: Output,
 }
 
+/// `claim` and `release`: the host's namespace, and how they follow it.
+#[derive(clap::Args)]
+struct FollowArgs {
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// Return at once, without following the host (to provisioned, or
+    /// through its cleaning)
+    #[arg(long)]
+    no_wait: bool,
+    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = humantime::parse_duration)]
+    timeout: std::time::Duration,
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum DescribeKind {
     #[value(alias = "workflows", alias = "wf")]
@@ -461,9 +464,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             format,
             user_data,
             consumer,
-            namespace,
-            no_wait,
-            timeout,
+            follow,
         } => {
             let user_data = match user_data {
                 Some(p) => Some(
@@ -475,7 +476,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             cli::metal3::claim(
                 &target(vec![]),
                 cli::metal3::ClaimArgs {
-                    namespace: namespace.as_deref(),
+                    namespace: follow.namespace.as_deref(),
                     selector,
                     image,
                     checksum: checksum.as_deref(),
@@ -483,24 +484,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     format: format.as_deref(),
                     user_data,
                     consumer: consumer.as_deref(),
-                    wait: !*no_wait,
-                    timeout: *timeout,
+                    wait: !follow.no_wait,
+                    timeout: follow.timeout,
                 },
             )
             .await
         }
-        Command::Release {
-            name,
-            namespace,
-            no_wait,
-            timeout,
-        } => {
+        Command::Release { name, follow } => {
             cli::metal3::release(
                 &target(vec![]),
                 name,
-                namespace.as_deref(),
-                !*no_wait,
-                *timeout,
+                follow.namespace.as_deref(),
+                !follow.no_wait,
+                follow.timeout,
             )
             .await
         }

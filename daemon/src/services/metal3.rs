@@ -384,7 +384,9 @@ impl Metal3Service {
                     format!("more than {} bytes", crate::metal3::model::DATA_MAX_BYTES),
                 )));
             }
-            self.store.apply_data_secrets(std::slice::from_ref(&secret)).await?;
+            self.store
+                .apply_data_secrets(std::slice::from_ref(&secret))
+                .await?;
             spec.insert("userData".into(), json!({"name": secret.key.name}));
         }
         // The document still passes BMO's webhook.

@@ -245,13 +245,38 @@ impl Store {
         status: &Status,
         private: &Private,
     ) -> Result<i64, StoreError> {
-        let status = serde_json::to_string(status)
-            .map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))?;
-        let private = serde_json::to_string(private)
-            .map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))?;
+        let text = |v: serde_json::Result<String>| {
+            v.map_err(|e| StoreError::Corrupt(key.clone(), e.to_string()))
+        };
+        let status = text(serde_json::to_string(status))?;
+        let private = text(serde_json::to_string(private))?;
+        self.update_host(key, version, doc, Some(&status), Some(&private))
+            .await
+    }
+
+    /// A host's document replaced (a claim or a release), if the host is
+    /// still at `version`.
+    pub async fn replace_host_doc(
+        &self,
+        key: &Key,
+        version: i64,
+        doc: &Value,
+    ) -> Result<i64, StoreError> {
+        self.update_host(key, version, Some(doc), None, None).await
+    }
+
+    /// The one version-checked write of a host: what is given replaced.
+    async fn update_host(
+        &self,
+        key: &Key,
+        version: i64,
+        doc: Option<&Value>,
+        status: Option<&str>,
+        private: Option<&str>,
+    ) -> Result<i64, StoreError> {
         let n = sqlx::query(
-            "UPDATE baremetalhosts SET status = ?, private = ?, doc = coalesce(?, doc),
-             version = version + 1, updated_ms = ?
+            "UPDATE baremetalhosts SET status = coalesce(?, status), private = coalesce(?, private),
+             doc = coalesce(?, doc), version = version + 1, updated_ms = ?
              WHERE namespace = ? AND name = ? AND version = ?",
         )
         .bind(status)
@@ -276,36 +301,6 @@ impl Store {
                 key: key.clone(),
                 expected: version,
                 found: found.unwrap_or(0),
-            });
-        }
-        Ok(version + 1)
-    }
-
-    /// A host's document replaced (a claim or a release), if the host is
-    /// still at `version`.
-    pub async fn replace_host_doc(
-        &self,
-        key: &Key,
-        version: i64,
-        doc: &Value,
-    ) -> Result<i64, StoreError> {
-        let n = sqlx::query(
-            "UPDATE baremetalhosts SET doc = ?, version = version + 1, updated_ms = ?
-             WHERE namespace = ? AND name = ? AND version = ?",
-        )
-        .bind(doc.to_string())
-        .bind(now_ms())
-        .bind(&key.namespace)
-        .bind(&key.name)
-        .bind(version)
-        .execute(self.pool())
-        .await?
-        .rows_affected();
-        if n == 0 {
-            return Err(StoreError::Stale {
-                key: key.clone(),
-                expected: version,
-                found: 0,
             });
         }
         Ok(version + 1)
