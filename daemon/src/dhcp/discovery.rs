@@ -130,12 +130,16 @@ impl PoolThread {
     fn handle(&mut self, job: Job, exhausted_event: &mut Option<Instant>, counts: &Counts) -> bool {
         let snap = self.inventory.snapshot();
         let reserved = |ip: Ipv4Addr| snap.by_ip(&IpAddr::V4(ip)).is_some();
+        // Handed here for a Hardware interface with no address, or no
+        // Hardware at all.
+        let known = |mac: &crate::hardware::Mac| snap.by_mac(mac).map(|(_, i)| i);
         let now = crate::clock::now_ms();
         let Plan { answer, write } = super::pool::plan(
             &job.req,
             &self.pool,
             now,
             &reserved,
+            &known,
             &self.settings,
             &self.pool_settings,
         );

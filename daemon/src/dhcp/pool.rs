@@ -12,7 +12,7 @@ use crate::config::DiscoveryConfig;
 use crate::discovery::MacPattern;
 use crate::discovery::pool::{Lease, Pool, Refusal};
 use crate::events::Kind;
-use crate::hardware::Mac;
+use crate::hardware::{Interface, Mac};
 use dhcproto::v4::{DhcpOption, Message, MessageType, OptionCode};
 use std::net::Ipv4Addr;
 
@@ -103,21 +103,27 @@ fn reply(o: super::Outcome) -> Answer {
     }
 }
 
-/// May this client use the pool: it holds a lease (whatever it is now,
-/// e.g. the OSIE's own DHCP client), or it is a netboot client whose MAC
-/// matches `discovery.mac_patterns`.
-pub fn eligible(c: &Client, pool: &Pool, now: i64, ps: &PoolSettings) -> bool {
-    pool.lease_of(&c.mac, now).is_some() || (c.netboot() && ps.matches(&c.mac))
+/// May this client use the pool: a Hardware interface with no address
+/// names its MAC (a BareMetalHost's), it holds a lease (whatever it is
+/// now, e.g. the OSIE's own DHCP client), or it is a netboot client whose
+/// MAC matches `discovery.mac_patterns`.
+pub fn eligible(c: &Client, pool: &Pool, now: i64, ps: &PoolSettings, known: bool) -> bool {
+    known || pool.lease_of(&c.mac, now).is_some() || (c.netboot() && ps.matches(&c.mac))
 }
 
 /// Answer a request of a MAC no Hardware has (reservation mode). Pure:
 /// `pool` is only read; the caller commits `write`, applies it to the
 /// pool, and then sends.
-pub fn plan(
+///
+/// `known` finds the Hardware interface with a MAC and no IPv4 address: its
+/// netboot settings are honoured (no boot file without `allowPXE`, its iPXE
+/// overrides), as for a Hardware with an address.
+pub fn plan<'a>(
     req: &Message,
     pool: &Pool,
     now: i64,
     reserved: &dyn Fn(Ipv4Addr) -> bool,
+    known: &dyn Fn(&Mac) -> Option<&'a Interface>,
     s: &Settings,
     ps: &PoolSettings,
 ) -> Plan {
@@ -125,7 +131,8 @@ pub fn plan(
         Ok(c) => c,
         Err(why) => return Answer::Ignore(why).into(),
     };
-    if !eligible(&c, pool, now, ps) {
+    let iface = known(&c.mac);
+    if !eligible(&c, pool, now, ps, iface.is_some()) {
         return Answer::Ignore(Ignore::UnknownMac).into();
     }
     let requested = match req.opts().get(OptionCode::RequestedIpAddress) {
@@ -135,7 +142,7 @@ pub fn plan(
     let ciaddr = Some(req.ciaddr()).filter(|a| !a.is_unspecified());
     match c.msg_type {
         MessageType::Discover => match pool.offer(&c.mac, requested, now, reserved) {
-            Some(ip) => reply(lease_reply(req, &c, ip, MessageType::Offer, s, ps)).into(),
+            Some(ip) => reply(lease_reply(req, &c, iface, ip, MessageType::Offer, s, ps)).into(),
             None => Answer::Ignore(Ignore::PoolExhausted).into(),
         },
         MessageType::Request => {
@@ -153,7 +160,7 @@ pub fn plan(
                 Ok(lease) => {
                     let new = pool.lease_of(&c.mac, now).is_none_or(|l| l.ip != ip);
                     Plan {
-                        answer: reply(lease_reply(req, &c, ip, MessageType::Ack, s, ps)),
+                        answer: reply(lease_reply(req, &c, iface, ip, MessageType::Ack, s, ps)),
                         write: Some(Write::Bind { lease, new }),
                     }
                 }
@@ -207,6 +214,7 @@ fn nak_text(ip: Ipv4Addr, why: &Refusal) -> String {
 fn lease_reply(
     req: &Message,
     c: &Client,
+    iface: Option<&Interface>,
     ip: Ipv4Addr,
     t: MessageType,
     s: &Settings,
@@ -234,9 +242,10 @@ fn lease_reply(
     if !ps.dns.is_empty() {
         opts.core(DhcpOption::DomainNameServer(ps.dns.clone()));
     }
-    // As a Hardware with allowPXE and no overrides: no interface.
+    // A known interface's netboot settings; else as a Hardware with
+    // allowPXE and no overrides.
     let boot = if c.netboot() {
-        boot_for(c, None, s)
+        boot_for(c, iface, s)
     } else {
         Err(Ignore::NotNetboot)
     };
@@ -257,6 +266,7 @@ mod tests {
 
     const T0: i64 = 1_000_000_000;
     const NONE: &dyn Fn(Ipv4Addr) -> bool = &|_| false;
+    const UNKNOWN: &dyn Fn(&Mac) -> Option<&'static Interface> = &|_| None;
     const PXE: &[u8] = b"PXEClient:Arch:00000:UNDI:002001";
 
     fn settings() -> Settings {
@@ -316,6 +326,44 @@ mod tests {
 
     const MAC: &str = "52:54:00:aa:00:01";
 
+    /// A BareMetalHost's kind of Hardware: a MAC, no address.
+    fn no_address(allow_pxe: bool) -> crate::hardware::Machine {
+        let doc = serde_json::json!({"apiVersion": "tinkerbell.org/v1alpha1", "kind": "Hardware",
+            "metadata": {"name": "node-0"},
+            "spec": {"interfaces": [{"dhcp": {"mac": "52:54:00:bb:00:01"},
+                                     "netboot": {"allowPXE": allow_pxe}}]}});
+        crate::hardware::validate(doc).unwrap().machine
+    }
+
+    #[test]
+    fn a_hardware_interface_with_no_address_is_leased_one_with_its_netboot_settings() {
+        let p = pool();
+        // Its MAC matches no pattern: known, so it may use the pool.
+        let ps = pool_settings(&["aa:bb:cc:*"]);
+        let req = packet(
+            "52:54:00:bb:00:01",
+            MessageType::Discover,
+            vec![O::ClassIdentifier(PXE.to_vec())],
+        );
+        let on = no_address(true);
+        let known = |_: &Mac| on.interfaces.first();
+        let r = plan(&req, &p, T0, NONE, &known, &settings(), &ps);
+        assert_eq!(offered(&r).fields.boot_file(), Some("undionly.kpxe"));
+        // allowPXE off (after its install): an address, no boot file, so
+        // the firmware boots its disk.
+        let off = no_address(false);
+        let known = |_: &Mac| off.interfaces.first();
+        let r = plan(&req, &p, T0, NONE, &known, &settings(), &ps);
+        let o = offered(&r);
+        assert!(p.contains(o.msg.yiaddr()));
+        assert_eq!(o.fields.boot_file(), None);
+        // Unknown and not matching: nothing.
+        assert!(matches!(
+            plan(&req, &p, T0, NONE, UNKNOWN, &settings(), &ps).answer,
+            Answer::Ignore(Ignore::UnknownMac)
+        ));
+    }
+
     #[test]
     fn a_pxe_client_is_offered_an_address_with_the_pool_options_and_boot_file() {
         let p = pool();
@@ -324,7 +372,15 @@ mod tests {
             MessageType::Discover,
             vec![O::ClassIdentifier(PXE.to_vec())],
         );
-        let first = plan(&req, &p, T0, NONE, &settings(), &pool_settings(&[]));
+        let first = plan(
+            &req,
+            &p,
+            T0,
+            NONE,
+            UNKNOWN,
+            &settings(),
+            &pool_settings(&[]),
+        );
         assert_eq!(first.write, None, "an offer holds nothing");
         let r = offered(&first);
         assert_eq!(r.kind, Kind::DhcpOffer);
@@ -358,7 +414,15 @@ mod tests {
             MessageType::Discover,
             vec![O::UserClass(b"iPXE".to_vec())],
         );
-        let ipxe = plan(&req, &p, T0, NONE, &settings(), &pool_settings(&[]));
+        let ipxe = plan(
+            &req,
+            &p,
+            T0,
+            NONE,
+            UNKNOWN,
+            &settings(),
+            &pool_settings(&[]),
+        );
         assert_eq!(
             offered(&ipxe).fields.boot_file(),
             Some("http://10.99.0.1:7080/ipxe/script/52:54:00:aa:00:01/auto.ipxe")
@@ -374,39 +438,41 @@ mod tests {
         // Not netboot, no lease: nothing.
         let plain = packet(MAC, MessageType::Discover, vec![]);
         assert!(matches!(
-            plan(&plain, &p, T0, NONE, &s, &qemu).answer,
+            plan(&plain, &p, T0, NONE, UNKNOWN, &s, &qemu).answer,
             Answer::Ignore(Ignore::UnknownMac)
         ));
         // Netboot, MAC not matching: nothing.
         let other = packet("02:00:00:aa:00:01", MessageType::Discover, pxe.clone());
         assert!(matches!(
-            plan(&other, &p, T0, NONE, &s, &qemu).answer,
+            plan(&other, &p, T0, NONE, UNKNOWN, &s, &qemu).answer,
             Answer::Ignore(Ignore::UnknownMac)
         ));
         // Netboot and matching: an offer; then the lease makes the plain
         // client (the OSIE's) eligible too, for the same address.
         let req = packet(MAC, MessageType::Discover, pxe);
-        let ip = offered(&plan(&req, &p, T0, NONE, &s, &qemu)).msg.yiaddr();
+        let ip = offered(&plan(&req, &p, T0, NONE, UNKNOWN, &s, &qemu))
+            .msg
+            .yiaddr();
         let ask = packet(
             MAC,
             MessageType::Request,
             vec![O::RequestedIpAddress(ip), O::ClassIdentifier(PXE.to_vec())],
         );
-        let granted = plan(&ask, &p, T0, NONE, &s, &qemu);
+        let granted = plan(&ask, &p, T0, NONE, UNKNOWN, &s, &qemu);
         let Some(Write::Bind { lease, new: true }) = granted.write else {
             panic!("{granted:?}");
         };
         assert_eq!(offered(&granted).kind, Kind::DhcpAck);
         assert_eq!(offered(&granted).fields.boot_file(), Some("undionly.kpxe"));
         p.bind(lease, T0);
-        let plan_plain = plan(&plain, &p, T0, NONE, &s, &qemu);
+        let plan_plain = plan(&plain, &p, T0, NONE, UNKNOWN, &s, &qemu);
         let r = offered(&plan_plain);
         assert_eq!(r.msg.yiaddr(), ip);
         assert_eq!(r.fields.boot_file(), None, "not netboot: no boot file");
         // A renewal (RENEWING: ciaddr, no option 50) of the plain client.
         let mut renew = packet(MAC, MessageType::Request, vec![]);
         renew.set_ciaddr(ip);
-        let plan_renew = plan(&renew, &p, T0 + 1000, NONE, &s, &qemu);
+        let plan_renew = plan(&renew, &p, T0 + 1000, NONE, UNKNOWN, &s, &qemu);
         assert_eq!(offered(&plan_renew).dest, Dest::Client(ip));
         assert!(matches!(
             plan_renew.write,
@@ -438,7 +504,7 @@ mod tests {
             ("10.99.0.105", "leased to another client"),
             ("10.99.0.5", "not in the discovery pool"),
         ] {
-            let refused = plan(&ask(ip), &p, T0, NONE, &s, &ps);
+            let refused = plan(&ask(ip), &p, T0, NONE, UNKNOWN, &s, &ps);
             assert_eq!(refused.write, None);
             let r = offered(&refused);
             assert_eq!(r.kind, Kind::DhcpNak);
@@ -449,7 +515,16 @@ mod tests {
         }
         let reserved = |a: Ipv4Addr| a == "10.99.0.101".parse::<Ipv4Addr>().unwrap();
         assert_eq!(
-            offered(&plan(&ask("10.99.0.101"), &p, T0, &reserved, &s, &ps)).kind,
+            offered(&plan(
+                &ask("10.99.0.101"),
+                &p,
+                T0,
+                &reserved,
+                UNKNOWN,
+                &s,
+                &ps
+            ))
+            .kind,
             Kind::DhcpNak
         );
         let mut elsewhere = ask("10.99.0.101");
@@ -457,7 +532,7 @@ mod tests {
             .opts_mut()
             .insert(O::ServerIdentifier("10.99.0.2".parse().unwrap()));
         assert!(matches!(
-            plan(&elsewhere, &p, T0, NONE, &s, &ps).answer,
+            plan(&elsewhere, &p, T0, NONE, UNKNOWN, &s, &ps).answer,
             Answer::Ignore(Ignore::OtherServer)
         ));
     }
@@ -473,7 +548,7 @@ mod tests {
             .unwrap();
         let mut rel = packet(MAC, MessageType::Release, vec![]);
         rel.set_ciaddr(l.ip);
-        let plan_rel = plan(&rel, &p, T0, NONE, &s, &ps);
+        let plan_rel = plan(&rel, &p, T0, NONE, UNKNOWN, &s, &ps);
         assert_eq!(plan_rel.write, Some(Write::Release(l)));
         assert!(matches!(
             plan_rel.answer,
@@ -484,7 +559,7 @@ mod tests {
         ));
         let dec = packet(MAC, MessageType::Decline, vec![O::RequestedIpAddress(l.ip)]);
         assert_eq!(
-            plan(&dec, &p, T0, NONE, &s, &ps).write,
+            plan(&dec, &p, T0, NONE, UNKNOWN, &s, &ps).write,
             Some(Write::Decline {
                 ip: l.ip,
                 mac,
@@ -497,7 +572,7 @@ mod tests {
             MessageType::Decline,
             vec![O::RequestedIpAddress("10.99.0.104".parse().unwrap())],
         );
-        assert_eq!(plan(&dec, &p, T0, NONE, &s, &ps).write, None);
+        assert_eq!(plan(&dec, &p, T0, NONE, UNKNOWN, &s, &ps).write, None);
         let full = |_: Ipv4Addr| true;
         let req = packet(
             "52:54:00:aa:00:02",
@@ -505,7 +580,7 @@ mod tests {
             vec![O::ClassIdentifier(PXE.to_vec())],
         );
         assert!(matches!(
-            plan(&req, &p, T0, &full, &s, &ps).answer,
+            plan(&req, &p, T0, &full, UNKNOWN, &s, &ps).answer,
             Answer::Ignore(Ignore::PoolExhausted)
         ));
     }
