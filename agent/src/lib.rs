@@ -16,6 +16,8 @@ pub mod hardware;
 pub mod run;
 pub mod sys;
 pub mod syslog;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod transport;
 
 /// Generated from the daemon's `proto/workflow.proto` (build.rs).

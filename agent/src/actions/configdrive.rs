@@ -844,8 +844,6 @@ mod tests {
     use std::io::Write;
     use std::ops::Range;
     use std::process::{Command, Stdio};
-    use std::sync::Arc;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const MIB: u64 = 1 << 20;
 
@@ -1029,56 +1027,14 @@ mod tests {
         assert!(before[at..] == after[at..], "bytes from {at} changed");
     }
 
-    /// An HTTP server of `files` (path → body, and whether Content-Length
-    /// is sent: without it the body ends with the connection), one request
-    /// per connection, 32 connections at most.
-    async fn serve(files: HashMap<&'static str, (Vec<u8>, bool)>) -> String {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", l.local_addr().unwrap());
-        let files = Arc::new(files);
-        tokio::spawn(async move {
-            for _ in 0..32 {
-                let Ok((mut c, _)) = l.accept().await else {
-                    return;
-                };
-                let files = files.clone();
-                tokio::spawn(async move {
-                    let mut req = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 16384 {
-                        match c.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => req.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let req = String::from_utf8_lossy(&req).to_string();
-                    let target = req.split_whitespace().nth(1).unwrap_or("");
-                    let path = target.split('?').next().unwrap_or("");
-                    let (head, body) = match files.get(path) {
-                        None => (
-                            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                                .to_string(),
-                            &[][..],
-                        ),
-                        Some((b, true)) => (
-                            format!(
-                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                                b.len()
-                            ),
-                            &b[..],
-                        ),
-                        Some((b, false)) => (
-                            "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_string(),
-                            &b[..],
-                        ),
-                    };
-                    let _ = c.write_all(head.as_bytes()).await;
-                    let _ = c.write_all(body).await;
-                    let _ = c.shutdown().await;
-                });
-            }
-        });
-        base
+    /// `files` (path, body, whether its length is sent) served.
+    async fn serve<const N: usize>(files: [(&str, (Vec<u8>, bool)); N]) -> String {
+        use crate::testing::File;
+        let files = files
+            .into_iter()
+            .map(|(p, (body, length))| (p.to_string(), File { body, length }))
+            .collect();
+        crate::testing::serve(files, false).await
     }
 
     async fn action(url: &str, dest: &Path, root: &Path) -> Result<String, ActionError> {
@@ -1689,13 +1645,10 @@ mod tests {
 
         let one = drive(dir, "0b6ea7ec-0001", "#cloud-config\nhostname: one\n");
         let two = drive(dir, "0b6ea7ec-0002", "#cloud-config\nhostname: two\n");
-        let base = serve(
-            [
-                ("/one", (one.clone(), true)),
-                ("/two", (two.clone(), false)),
-            ]
-            .into(),
-        )
+        let base = serve([
+            ("/one", (one.clone(), true)),
+            ("/two", (two.clone(), false)),
+        ])
         .await;
         let msg = action(&format!("{base}/one?token=secret"), &disk, dir)
             .await
@@ -1837,7 +1790,7 @@ mod tests {
         );
         let before = std::fs::read(&disk).unwrap();
         let one = drive(dir, "0b6ea7ec-0003", "#cloud-config\nhostname: mbr\n");
-        let base = serve([("/cd", (one.clone(), true))].into()).await;
+        let base = serve([("/cd", (one.clone(), true))]).await;
         let msg = action(&format!("{base}/cd"), &disk, dir).await.unwrap();
         assert_eq!(
             msg,
@@ -1912,16 +1865,13 @@ mod tests {
     async fn the_image_and_the_environment() {
         let d = tempfile::tempdir().unwrap();
         let big = fake_drive(MAX_IMAGE as usize + 1);
-        let base = serve(
-            [
-                ("/big", (big.clone(), true)),
-                ("/big-unsaid", (big, false)),
-                ("/zeros", (vec![0u8; 4096], true)),
-                ("/cidata", (fat_sector("CIDATA", false), true)),
-                ("/empty", (Vec::new(), true)),
-            ]
-            .into(),
-        )
+        let base = serve([
+            ("/big", (big.clone(), true)),
+            ("/big-unsaid", (big, false)),
+            ("/zeros", (vec![0u8; 4096], true)),
+            ("/cidata", (fat_sector("CIDATA", false), true)),
+            ("/empty", (Vec::new(), true)),
+        ])
         .await;
         let never = d.path().join("never-opened");
         for (path, want) in [
@@ -1985,7 +1935,7 @@ mod tests {
             assert!(got.contains(want), "{got}");
         }
         // DEST_DISK must exist.
-        let served = serve([("/cd", (fake_drive(4096), true))].into()).await;
+        let served = serve([("/cd", (fake_drive(4096), true))]).await;
         let e = action(&format!("{served}/cd"), &never, d.path())
             .await
             .unwrap_err()

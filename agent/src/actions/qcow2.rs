@@ -939,7 +939,6 @@ mod tests {
     use std::collections::BTreeMap;
     use std::io::{Cursor, Write};
     use std::process::Command;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const CS: u64 = 4096;
 
@@ -1399,64 +1398,17 @@ mod tests {
         same_as_qemu(&img, dir.path());
     }
 
-    /// A one-request-per-connection HTTP server of `files`, answering
-    /// Range only when `ranges`.
+    /// `files` served (Range answered when `ranges`); the port.
     async fn serve(files: HashMap<String, Vec<u8>>, ranges: bool) -> u16 {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = l.local_addr().unwrap().port();
-        let files = Arc::new(files);
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut c, _)) = l.accept().await else {
-                    return;
-                };
-                let files = files.clone();
-                tokio::spawn(async move {
-                    let mut req = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 16384 {
-                        match c.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => req.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let req = String::from_utf8_lossy(&req).to_string();
-                    let path = req.split_whitespace().nth(1).unwrap_or("").to_string();
-                    let range = req.lines().find_map(|l| {
-                        let (k, v) = l.split_once(':')?;
-                        let (a, b) = k
-                            .eq_ignore_ascii_case("range")
-                            .then_some(v.trim().strip_prefix("bytes=")?.split_once('-')?)?;
-                        Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?))
-                    });
-                    let (head, body) = match files.get(&path) {
-                        None => ("404 Not Found".to_string(), Vec::new()),
-                        Some(f) => match range.filter(|_| ranges) {
-                            Some((a, b)) if a < f.len() => {
-                                let b = b.min(f.len() - 1);
-                                (
-                                    format!(
-                                        "206 Partial Content\r\nContent-Range: bytes {a}-{b}/{}",
-                                        f.len()
-                                    ),
-                                    f[a..=b].to_vec(),
-                                )
-                            }
-                            Some(_) => ("416 Range Not Satisfiable".into(), Vec::new()),
-                            None => ("200 OK".into(), f.clone()),
-                        },
-                    };
-                    let h = format!(
-                        "HTTP/1.1 {head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = c.write_all(h.as_bytes()).await;
-                    let _ = c.write_all(&body).await;
-                    let _ = c.shutdown().await;
-                });
-            }
-        });
-        port
+        let files = files
+            .into_iter()
+            .map(|(p, b)| (p, crate::testing::File::sized(b)))
+            .collect();
+        let base = crate::testing::serve(files, ranges).await;
+        base.rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap()
     }
 
     async fn action(kind: &str, env: &[(&str, String)]) -> Result<String, ActionError> {
