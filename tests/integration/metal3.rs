@@ -538,6 +538,51 @@ fn claim_picks_an_available_matching_host_and_release_cleans_it_and_gives_it_bac
     assert!(b["spec"].get("consumerRef").is_none(), "{b:#}");
     assert!(b["spec"].get("image").is_none());
     assert_eq!(b["spec"]["online"], false);
+    // A live ISO: booted through the BMC from the network, not written.
+    let out = d.cli_ok(&[
+        "claim",
+        "-l",
+        "rack=r1",
+        "--image",
+        "http://10.99.0.1/live.iso",
+        "--format",
+        "live-iso",
+        "--no-wait",
+    ]);
+    assert!(out.contains("node-a claimed"), "{out}");
+    let a = wait_named(&d, "node-a", "provisioned");
+    assert_eq!(a["status"]["provisioning"]["image"]["format"], "live-iso");
+    s1.wait_power("On");
+    let hw: Value =
+        serde_json::from_str(&d.cli_ok(&["get", "hardware", "node-a", "-o", "json"])).unwrap();
+    let nb = &hw["spec"]["interfaces"][0]["netboot"];
+    assert_eq!(nb["allowPXE"], true);
+    assert_eq!(
+        nb["ipxe"]["contents"],
+        "#!ipxe\nsanboot --no-describe http://10.99.0.1/live.iso\n"
+    );
+    assert!(
+        !d.cli(&["get", "workflow", "node-a-provision"])
+            .status
+            .success()
+    );
+    // Released: the ISO's boot gone, cleaned, available.
+    d.cli_ok(&["release", "node-a", "--no-wait"]);
+    wait_named(&d, "node-a", "deprovisioning");
+    let out = peer(&d, &["agent", "52:54:00:77:00:0a", "--polls", "800"]);
+    assert!(
+        out.iter()
+            .any(|e| e["event"] == "done" && e["ran"].as_u64() >= Some(2)),
+        "{out:#?}"
+    );
+    wait_named(&d, "node-a", "available");
+    let hw: Value =
+        serde_json::from_str(&d.cli_ok(&["get", "hardware", "node-a", "-o", "json"])).unwrap();
+    assert!(
+        hw["spec"]["interfaces"][0]["netboot"].get("ipxe").is_none(),
+        "{hw:#}"
+    );
+
     // Claimable again.
     let out = d.cli_ok(&[
         "claim",

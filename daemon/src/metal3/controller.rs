@@ -175,7 +175,12 @@ impl Controller {
             register: self.job(&job_key(host, "register"), &run).await?,
             power,
             inspection: self.workflow(host, Operation::Inspect, &run).await?,
-            provision: self.workflow(host, Operation::Provision, &run).await?,
+            // A live ISO's provisioning is its netboot job.
+            provision: if live_iso(host).is_some() {
+                self.job(&job_key(host, "provision"), &run).await?
+            } else {
+                self.workflow(host, Operation::Provision, &run).await?
+            },
             deprovision: self.workflow(host, Operation::Deprovision, &run).await?,
             power_job: self
                 .job(&job_key(host, "power"), &p.power_seq.to_string())
@@ -271,6 +276,20 @@ impl Controller {
                 self.operation(host, row, data, Operation::Inspect, actions)
                     .await?;
             }
+            Do::Provision { .. } if live_iso(host).is_some() => {
+                // The Hardware boots the ISO (ensure_parts), then one
+                // netboot through the BMC, as a job of this run.
+                self.ensure_parts(host, row, data).await?;
+                let efi = host.spec.boot_mode.unwrap_or_default() != model::BootMode::Legacy;
+                s.bmc
+                    .start_named_job(
+                        &job_key(host, "provision"),
+                        &host.key,
+                        crate::bmc::model::netboot_tasks(efi),
+                        &row.private.run.to_string(),
+                    )
+                    .await?;
+            }
             Do::Provision { disk } => {
                 let Some(image) = host.spec.image() else {
                     return Ok(());
@@ -321,7 +340,14 @@ impl Controller {
             row.status.provisioning.id.clone()
         };
         let user_data = data.and_then(|d| d.user_data.as_deref());
-        let hw = crate::hardware::validate(owned::hardware(host, &id, user_data))
+        // A live ISO boots while the host is provisioned with it.
+        let iso = live_iso(host).filter(|_| {
+            matches!(
+                row.status.provisioning.state,
+                ProvisioningState::Provisioning | ProvisioningState::Provisioned
+            )
+        });
+        let hw = crate::hardware::validate(owned::hardware(host, &id, user_data, iso))
             .map_err(crate::services::Error::Invalid)?;
         // A Hardware of the name that is not this host's is the user's:
         // never taken over.
@@ -395,6 +421,14 @@ impl Controller {
         s.metal3.remove(&host.key).await?;
         Ok(())
     }
+}
+
+/// The ISO's URL when the host's image is a live ISO.
+fn live_iso(host: &Host) -> Option<&str> {
+    host.spec
+        .image()
+        .filter(|i| i.format == Some(model::ImageFormat::LiveIso))
+        .map(|i| i.url.as_str())
 }
 
 fn job_key(host: &Host, what: &str) -> Key {

@@ -49,13 +49,21 @@ fn metadata(host: &Host, name: &str) -> Value {
 /// address comes from the discovery pool), no netboot until an operation
 /// asks for it, its BMC, and what its installed OS reads from the
 /// metadata service.
-pub fn hardware(host: &Host, id: &str, user_data: Option<&str>) -> Value {
+///
+/// `live_iso`: the host boots this ISO from the network (iPXE's `sanboot`)
+/// each time it starts, a live-iso image provisioned.
+pub fn hardware(host: &Host, id: &str, user_data: Option<&str>, live_iso: Option<&str>) -> Value {
     let mac = host.boot_mac.map(|m| m.to_string()).unwrap_or_default();
     let uefi = host.spec.boot_mode.unwrap_or_default() != BootMode::Legacy;
+    let netboot = match live_iso {
+        Some(url) => json!({"allowPXE": true, "allowWorkflow": true,
+                            "ipxe": {"contents": format!("#!ipxe\nsanboot --no-describe {url}\n")}}),
+        None => json!({"allowPXE": false, "allowWorkflow": true}),
+    };
     let mut spec = json!({
         "interfaces": [{
             "dhcp": {"mac": mac, "hostname": host.key.name, "uefi": uefi},
-            "netboot": {"allowPXE": false, "allowWorkflow": true},
+            "netboot": netboot,
         }],
         "metadata": {"instance": {"id": id, "hostname": host.key.name}},
     });
@@ -235,7 +243,16 @@ mod tests {
     #[test]
     fn the_parts_are_documents_their_checkers_take() {
         let h = host();
-        let hw = crate::hardware::validate(hardware(&h, "id-1", Some("#cloud-config\n"))).unwrap();
+        let hw =
+            crate::hardware::validate(hardware(&h, "id-1", Some("#cloud-config\n"), None)).unwrap();
+        let iso = crate::hardware::validate(hardware(&h, "id-1", None, Some("http://x/live.iso")))
+            .unwrap();
+        let i = &iso.machine.interfaces[0];
+        assert!(i.allow_pxe);
+        assert_eq!(
+            i.extra().ipxe_contents.as_deref(),
+            Some("#!ipxe\nsanboot --no-describe http://x/live.iso\n")
+        );
         assert_eq!(hw.machine.key, Key::new("lab", "node-0"));
         assert_eq!(hw.doc["metadata"]["labels"][OWNER_LABEL], json!("node-0"));
         let m = machine(&h, h.bmc.as_ref().unwrap());

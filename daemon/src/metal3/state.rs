@@ -8,7 +8,7 @@
 
 use super::details;
 use super::model::{
-    CleaningMode, Condition, ConditionStatus, ConditionType, ErrorType, Host, Image,
+    CleaningMode, Condition, ConditionStatus, ConditionType, ErrorType, Host, Image, ImageFormat,
     OperationalStatus, ProvisioningState as S, Status,
 };
 use serde::{Deserialize, Serialize};
@@ -111,7 +111,8 @@ pub enum Do {
     CheckBmc,
     /// Start a new inspection run (the inspection Workflow, netbooted).
     Inspect,
-    /// Start provisioning onto this disk (by its name in the report).
+    /// Start provisioning onto this disk (by its name in the report;
+    /// empty for a live ISO, which is booted, not written).
     Provision { disk: String },
     /// Start a new cleaning run (the wipe Workflow, netbooted).
     Deprovision,
@@ -633,6 +634,13 @@ fn provisioning(p: &mut Pass) {
                 p.fail(ErrorType::Provisioning, m);
                 return;
             }
+            // A live ISO is booted, not written: no disk to choose.
+            if p.host.spec.image().and_then(|i| i.format) == Some(ImageFormat::LiveIso) {
+                p.todo.push(Do::Provision {
+                    disk: String::new(),
+                });
+                return;
+            }
             let hints = p.host.spec.root_device_hints.clone().unwrap_or_default();
             let disks =
                 p.s.hardware
@@ -663,6 +671,9 @@ fn provisioning(p: &mut Pass) {
 fn start_deprovisioning(p: &mut Pass) {
     p.goto(S::Deprovisioning);
     p.new_run();
+    // The Hardware as a host not provisioned has it (a live ISO's boot
+    // gone).
+    p.todo.push(Do::EnsureParts);
     deprovisioning(p);
 }
 
@@ -918,7 +929,7 @@ mod tests {
         o.provision = Run::None;
         let st = go(&h, &s, &p, &o);
         assert_eq!(st.status.provisioning.state, S::Deprovisioning);
-        assert_eq!(st.todo, vec![Do::Deprovision]);
+        assert_eq!(st.todo, vec![Do::EnsureParts, Do::Deprovision]);
         (s, p) = (st.status, st.private);
         o.deprovision = Run::Succeeded;
         o.power = Some(false);
@@ -1047,7 +1058,7 @@ mod tests {
         let st = go(&h, &st.status, &st.private, &o);
         assert_eq!(st.status.provisioning.state, S::Deprovisioning);
         assert_eq!(st.status.provisioning_fail_count, 1);
-        assert_eq!(st.todo, vec![Do::Deprovision]);
+        assert_eq!(st.todo, vec![Do::EnsureParts, Do::Deprovision]);
         // Cleaned: the error gone, available, and provisioning again.
         o.provision = Run::None;
         o.deprovision = Run::Succeeded;
