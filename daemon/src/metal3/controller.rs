@@ -19,11 +19,34 @@ use crate::store::workflow::TinkKind;
 use crate::store::{Store, StoreError};
 use crate::workflow::model::State as WfState;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A pass at least this often, woken or not.
+/// A host with something under way (a Workflow, a BMC job) is looked at
+/// this often, woken or not: those change under it unannounced.
 const PASS_EVERY: Duration = Duration::from_secs(2);
+
+/// A host at rest (available, provisioned, waiting out a back-off) this
+/// often (BMO polls its power every minute): a rack of them costs little.
+const STEADY_EVERY: Duration = Duration::from_secs(20);
+
+/// States in which the host's parts change under it.
+fn transient(s: ProvisioningState) -> bool {
+    use ProvisioningState as S;
+    matches!(
+        s,
+        S::None
+            | S::Registering
+            | S::Inspecting
+            | S::MatchProfile
+            | S::Preparing
+            | S::Provisioning
+            | S::Deprovisioning
+            | S::PoweringOffBeforeDelete
+            | S::Deleting
+    )
+}
 
 pub struct Controller {
     store: Store,
@@ -52,15 +75,43 @@ impl Controller {
 
     pub async fn run(self) {
         let wake = self.services.metal3.wake.clone();
+        // When each host is next looked at, and at which version: a host
+        // written since (a version changed) is looked at once.
+        let mut due: HashMap<Key, (i64, tokio::time::Instant)> = HashMap::new();
         loop {
             match self.store.hosts(None).await {
                 Ok(hosts) => {
+                    let now = tokio::time::Instant::now();
+                    let mut next = HashMap::with_capacity(hosts.len());
                     for row in hosts {
                         let key = row.key.clone();
-                        if let Err(e) = self.one(row).await {
-                            tracing::warn!(host = %key, error = %e, "metal3: pass failed; next pass retries");
+                        let version = row.version;
+                        if let Some((v, at)) = due.get(&key)
+                            && *v == version
+                            && now < *at
+                        {
+                            next.insert(key, (*v, *at));
+                            continue;
                         }
+                        let wait = match self.one(row).await {
+                            Ok(wait) => wait,
+                            Err(e) => {
+                                tracing::warn!(host = %key, error = %e, "metal3: pass failed; next pass retries");
+                                PASS_EVERY
+                            }
+                        };
+                        // The pass's own write bumped the version: keyed on
+                        // the one read next time.
+                        let v = self
+                            .store
+                            .host(&key)
+                            .await
+                            .ok()
+                            .flatten()
+                            .map_or(version, |r| r.version);
+                        next.insert(key, (v, now + wait));
                     }
+                    due = next;
                 }
                 Err(e) => tracing::warn!(error = %e, "metal3: cannot list BareMetalHosts"),
             }
@@ -71,14 +122,15 @@ impl Controller {
         }
     }
 
-    async fn one(&self, row: HostRow) -> Result<(), PassError> {
+    /// One pass over one host; how long until it needs another.
+    async fn one(&self, row: HostRow) -> Result<std::time::Duration, PassError> {
         // The stored document was checked at apply; one that no longer
         // reads (an older build's) is left alone, with the reason logged.
         let host = match model::host(row.doc.clone()) {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(host = %row.key, error = %e, "metal3: stored host does not read; skipped");
-                return Ok(());
+                return Ok(STEADY_EVERY);
             }
         };
         let (obs, data) = self.observe(&host, &row).await?;
@@ -107,19 +159,37 @@ impl Controller {
             {
                 Ok(_) => {}
                 // Changed under this pass: the next one reads it again.
-                Err(StoreError::Stale { .. }) => return Ok(()),
+                Err(StoreError::Stale { .. }) => return Ok(PASS_EVERY),
                 Err(e) => return Err(e.into()),
             }
         }
+        let row_status = row.status.clone();
         let saved = HostRow {
             status: step.status.clone(),
             private: private.clone(),
             ..row
         };
+        // Something under way: a job or Workflow running, a power change
+        // not seen yet.
+        let running = [
+            &obs.register,
+            &obs.inspection,
+            &obs.provision,
+            &obs.deprovision,
+            &obs.power_job,
+        ]
+        .iter()
+        .any(|r| matches!(r, Run::Running));
+        let power_pending = private.power_target.is_some_and(|t| obs.power != Some(t));
+        let busy = !step.todo.is_empty() || step.status != row_status || running || power_pending;
         for d in step.todo {
             self.carry_out(&host, &saved, data.as_ref(), d).await?;
         }
-        Ok(())
+        Ok(if busy || transient(saved.status.provisioning.state) {
+            PASS_EVERY
+        } else {
+            STEADY_EVERY
+        })
     }
 
     async fn observe(
