@@ -93,22 +93,14 @@ impl Controller {
                             next.insert(key, (*v, *at));
                             continue;
                         }
-                        let wait = match self.one(row).await {
-                            Ok(wait) => wait,
+                        // Keyed on the version after the pass's own write.
+                        let (wait, v) = match self.one(row).await {
+                            Ok(done) => done,
                             Err(e) => {
                                 tracing::warn!(host = %key, error = %e, "metal3: pass failed; next pass retries");
-                                PASS_EVERY
+                                (PASS_EVERY, version)
                             }
                         };
-                        // The pass's own write bumped the version: keyed on
-                        // the one read next time.
-                        let v = self
-                            .store
-                            .host(&key)
-                            .await
-                            .ok()
-                            .flatten()
-                            .map_or(version, |r| r.version);
                         next.insert(key, (v, now + wait));
                     }
                     due = next;
@@ -122,15 +114,17 @@ impl Controller {
         }
     }
 
-    /// One pass over one host; how long until it needs another.
-    async fn one(&self, row: HostRow) -> Result<std::time::Duration, PassError> {
+    /// One pass over one host: how long until it needs another, and its
+    /// version after the pass.
+    async fn one(&self, row: HostRow) -> Result<(Duration, i64), PassError> {
+        let mut version = row.version;
         // The stored document was checked at apply; one that no longer
         // reads (an older build's) is left alone, with the reason logged.
         let host = match model::host(row.doc.clone()) {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(host = %row.key, error = %e, "metal3: stored host does not read; skipped");
-                return Ok(STEADY_EVERY);
+                return Ok((STEADY_EVERY, version));
             }
         };
         let (obs, data) = self.observe(&host, &row).await?;
@@ -157,9 +151,9 @@ impl Controller {
                 .save(&row, doc.as_ref(), &step.status, &private)
                 .await
             {
-                Ok(_) => {}
+                Ok(v) => version = v,
                 // Changed under this pass: the next one reads it again.
-                Err(StoreError::Stale { .. }) => return Ok(PASS_EVERY),
+                Err(StoreError::Stale { .. }) => return Ok((PASS_EVERY, version)),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -185,11 +179,12 @@ impl Controller {
         for d in step.todo {
             self.carry_out(&host, &saved, data.as_ref(), d).await?;
         }
-        Ok(if busy || transient(saved.status.provisioning.state) {
+        let wait = if busy || transient(saved.status.provisioning.state) {
             PASS_EVERY
         } else {
             STEADY_EVERY
-        })
+        };
+        Ok((wait, version))
     }
 
     async fn observe(
@@ -255,7 +250,13 @@ impl Controller {
             power_job: self
                 .job(&job_key(host, "power"), &p.power_seq.to_string())
                 .await?,
-            node_id: host.uid().map_or_else(uuid_v4, String::from),
+            // Only a host with none yet gets one (a fresh UUID per pass
+            // would cost a syscall for nothing).
+            node_id: if row.status.provisioning.id.is_empty() {
+                host.uid().map_or_else(uuid_v4, String::from)
+            } else {
+                String::new()
+            },
             host_data,
         };
         Ok((obs, data.and_then(Result::ok)))
@@ -422,13 +423,7 @@ impl Controller {
         // A Hardware of the name that is not this host's is the user's:
         // never taken over.
         if let Some(existing) = self.store.get(&host.key).await?
-            && existing
-                .pointer(&format!(
-                    "/metadata/labels/{}",
-                    super::OWNER_LABEL.replace('/', "~1")
-                ))
-                .and_then(Value::as_str)
-                != Some(host.key.name.as_str())
+            && !owned_by(&existing, host)
         {
             return Err(
                 crate::services::Error::Invalid(crate::hardware::FieldError::new(
@@ -477,20 +472,27 @@ impl Controller {
             s.workflow.delete(TinkKind::Workflow, &k).await?;
             s.workflow.delete(TinkKind::Template, &k).await?;
         }
-        if self.store.get(&host.key).await?.is_some_and(|d| {
-            d.pointer(&format!(
-                "/metadata/labels/{}",
-                super::OWNER_LABEL.replace('/', "~1")
-            ))
-            .and_then(Value::as_str)
-                == Some(host.key.name.as_str())
-        }) {
+        if self
+            .store
+            .get(&host.key)
+            .await?
+            .is_some_and(|d| owned_by(&d, host))
+        {
             s.hardware.delete(&host.key).await?;
         }
         self.store.remove_bmc_machine(&host.key).await?;
         s.metal3.remove(&host.key).await?;
         Ok(())
     }
+}
+
+/// Whether a Hardware document is `host`'s (its owner label): one of the
+/// name that is not is the user's, never taken over nor deleted.
+fn owned_by(doc: &Value, host: &Host) -> bool {
+    doc.pointer("/metadata/labels")
+        .and_then(|l| l.get(super::OWNER_LABEL))
+        .and_then(Value::as_str)
+        == Some(host.key.name.as_str())
 }
 
 /// The ISO's URL when the host's image is a live ISO.
