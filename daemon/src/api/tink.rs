@@ -142,16 +142,9 @@ async fn apply(
         .zip(s_out)
         .map(|(s, o)| item(rules::KIND, &s.key, o))
         .collect();
-    let h_out = if hosts.is_empty() {
-        vec![]
-    } else {
-        app.services.metal3.apply(&hosts).await?
-    };
-    let h_items: Vec<_> = hosts
-        .iter()
-        .zip(h_out)
-        .map(|(h, o)| item(crate::metal3::KIND, &h.key, o))
-        .collect();
+    // A host's data Secrets before the host: the host's apply wakes the
+    // controller, which reads them when the host may provision (a claim
+    // applied with its userData Secret in one file must find it).
     let d_out = if data.is_empty() {
         vec![]
     } else {
@@ -161,6 +154,16 @@ async fn apply(
         .iter()
         .zip(d_out)
         .map(|(d, o)| item("Secret", &d.key, o))
+        .collect();
+    let h_out = if hosts.is_empty() {
+        vec![]
+    } else {
+        app.services.metal3.apply(&hosts).await?
+    };
+    let h_items: Vec<_> = hosts
+        .iter()
+        .zip(h_out)
+        .map(|(h, o)| item(crate::metal3::KIND, &h.key, o))
         .collect();
     let groups = [
         hw_items, bmc_items, t_items, w_items, s_items, h_items, d_items,

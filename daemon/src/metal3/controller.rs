@@ -143,8 +143,9 @@ impl Controller {
                 _ => {}
             }
         }
-        let finalize = step.todo.contains(&Do::Finalize);
-        if !finalize && (step.status != row.status || private != row.private || doc.is_some()) {
+        // Saved before a finalize too: "deleting" is then a state a user
+        // sees (and an event), as with BMO, not skipped.
+        if step.status != row.status || private != row.private || doc.is_some() {
             match self
                 .services
                 .metal3

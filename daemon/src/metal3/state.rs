@@ -278,8 +278,14 @@ impl Pass<'_> {
     }
 
     /// A new run of a Workflow: the earlier one is never read again.
+    /// Its netboot changes the power behind the host's own power jobs, so
+    /// the last one's target no longer says anything: without this, a
+    /// host back to available after cleaning (the agent powered it off)
+    /// took the power-off job of before provisioning for done and kept
+    /// `poweredOn: true` until the BMC's next poll.
     fn new_run(&mut self) {
         self.p.run += 1;
+        self.p.power_target = None;
     }
 
     /// A new power job to `on`.
@@ -1183,6 +1189,41 @@ mod tests {
         o.power = Some(true);
         let st = go(&h, &st.status, &st.private, &o);
         assert_eq!(st.todo, vec![Do::RemoveAnnotation(crate::metal3::REBOOT)]);
+    }
+
+    #[test]
+    fn after_cleaning_a_stale_power_job_is_not_taken_for_done() {
+        // Provisioned, then released. The host's last power job was the
+        // power-off after inspection; the provisioning and cleaning
+        // netboots powered it on since, and the agent powered it off at
+        // the end of cleaning: the BMC's reading still says on.
+        let h = host(spec(), json!({}));
+        let mut s = Status::default();
+        s.provisioning.state = S::Provisioned;
+        s.provisioning.image = Some(Image {
+            url: "http://x/i".into(),
+            ..Default::default()
+        });
+        let p = Private {
+            power_target: Some(false),
+            power_seq: 1,
+            ..Default::default()
+        };
+        let mut o = obs(1);
+        o.power = Some(true);
+        o.power_job = Run::Succeeded;
+        let st = go(&h, &s, &p, &o);
+        assert_eq!(st.status.provisioning.state, S::Deprovisioning);
+        o.deprovision = Run::Succeeded;
+        let st = go(&h, &st.status, &st.private, &o);
+        assert_eq!(st.status.provisioning.state, S::Available);
+        o.deprovision = Run::None;
+        let st = go(&h, &st.status, &st.private, &o);
+        assert_eq!(
+            st.todo,
+            vec![Do::Power(false)],
+            "the power-off of before provisioning was taken for done"
+        );
     }
 
     #[test]
