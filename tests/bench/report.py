@@ -91,6 +91,9 @@ def check(rows):
         elif sec == "install" and (r.get("syslog_s") is None or not r.get("image2disk_mb_s")
                                     or (r["config"].startswith("ref-") and not r.get("ref_mb_s"))):
             bad.append(r)
+        elif sec == "metal3" and any(r.get(k) is None for k in ("available_s", "provisioned_s", "configdrive_s",
+                                                                    "available2_s", "gone_s")):
+            bad.append(r)
         elif sec == "workflow" and r["config"] == "agents" and (
                 not r.get("complete") or not r.get("actions_per_s") or r.get("errors")
                 or not (r.get("get_steady") or {}).get("n")):
@@ -313,6 +316,22 @@ def main():
             x = ratio(r.get("image2disk_mb_s"), r.get("ref_mb_s"))
             add(f"install {fw}: image2disk MB/s in the VM", r.get("image2disk_mb_s"), "wget|gunzip|dd",
                 r.get("ref_mb_s"), x, ">= 0.9x", None if x is None else x >= 0.9)
+
+    # Metal3: a BareMetalHost's lifecycle on QEMU, each stretch timed from
+    # the action that starts it.
+    for r in rows:
+        if r["section"] == "metal3":
+            c = r["config"]
+
+            def span(a, b):
+                return None if r.get(a) is None or r.get(b) is None else round(r[b] - r[a], 1)
+            add(f"metal3 {c}: apply to available (registered, inspected), s", span("registering_s", "available_s"),
+                "-", None, None)
+            add(f"metal3 {c}: claim to provisioned, s", span("claim_s", "provisioned_s"), "-", None, None)
+            add(f"metal3 {c}: claim to the installed system reading its config drive, s",
+                span("claim_s", "configdrive_s"), "-", None, None)
+            add(f"metal3 {c}: release to available (cleaned), s", span("release_s", "available2_s"), "-", None, None)
+            add(f"metal3 {c}: delete to gone, s", span("delete_s", "gone_s"), "-", None, None)
 
     # Scale.
     for r in rows:
