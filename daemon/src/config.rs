@@ -216,6 +216,12 @@ pub struct KubeConfig {
     /// Who runs the cluster's BMC Machines, Jobs and Tasks: tinkerbox's
     /// BMC engine (native) or Rufio (external).
     pub rufio: Role,
+    /// tinkerbox is the cluster's BareMetalHost operator (BMO's role, with
+    /// Ironic's done by its own parts): needs Metal3's CRDs (`kube
+    /// install-crds`) and Tink and Rufio native. Off by default: a cluster
+    /// may run BMO, and a watch of a kind with no CRD keeps the mirror from
+    /// being current.
+    pub metal3: bool,
     /// The `coordination.k8s.io` Lease whose holder runs the engines (every
     /// instance mirrors and serves); empty: "tinkerbox".
     pub lease: String,
@@ -236,6 +242,7 @@ impl Default for KubeConfig {
             namespace: String::new(),
             tink: Role::Native,
             rufio: Role::Native,
+            metal3: false,
             lease: String::new(),
             lease_namespace: String::new(),
             qps: 20.0,
@@ -653,6 +660,15 @@ impl Config {
                 "must be a number of requests per second, 0 or more (0: no limit)",
             );
         }
+        if self.kube.enabled
+            && self.kube.metal3
+            && (self.kube.tink != Role::Native || self.kube.rufio != Role::Native)
+        {
+            return bad(
+                "kube.metal3",
+                "BareMetalHosts are carried out with tinkerbox's own Workflows and BMC jobs: kube.tink and kube.rufio must be \"native\"",
+            );
+        }
         if self.events.queue == 0 {
             return bad("events.queue", "must be at least 1");
         }
@@ -1051,6 +1067,12 @@ mod tests {
             ("", &[], &["dhcp.threads=0"], "config key dhcp.threads"),
             ("", &[], &["kube.qps=-1"], "config key kube.qps"),
             (
+                "[kube]\nenabled = true\nmetal3 = true\nrufio = \"external\"\n",
+                &[],
+                &[],
+                "config key kube.metal3",
+            ),
+            (
                 "[dhcp]\nthreads = 65\n",
                 &[],
                 &[],
@@ -1148,6 +1170,7 @@ mod tests {
                 namespace: "tinkerbell".into(),
                 tink: Role::External,
                 rufio: Role::External,
+                metal3: true,
                 lease: "tb-lease".into(),
                 lease_namespace: "tb-system".into(),
                 qps: 50.0,

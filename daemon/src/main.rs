@@ -268,6 +268,9 @@ enum KubeCommand {
         /// Zero touch ([discovery] enabled or enroll): create Hardware and Workflows
         #[arg(long)]
         zero_touch: bool,
+        /// BareMetalHosts (kube.metal3): tinkerbox is their operator, and makes their parts
+        #[arg(long)]
+        metal3: bool,
         #[arg(long, value_name = "NAME", default_value = "tinkerbox")]
         service_account: String,
         /// The ServiceAccount's namespace
@@ -663,6 +666,7 @@ async fn kube(args: &Args, command: &KubeCommand) -> anyhow::Result<()> {
             rufio,
             tink,
             zero_touch,
+            metal3,
             service_account,
             sa_namespace,
         } => {
@@ -671,6 +675,7 @@ async fn kube(args: &Args, command: &KubeCommand) -> anyhow::Result<()> {
                     tink: *tink,
                     rufio: *rufio,
                     zero_touch: *zero_touch,
+                    metal3: *metal3,
                 },
                 namespace: namespace.clone(),
                 service_account: service_account.clone(),

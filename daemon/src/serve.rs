@@ -32,6 +32,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // engine does not run here.
     let native = |r: crate::config::Role| !config.kube.enabled || r == crate::config::Role::Native;
     let (tink, rufio) = (native(config.kube.tink), native(config.kube.rufio));
+    let metal3_in_cluster = config.kube.enabled && config.kube.metal3;
     let clients = match &app.kube {
         Some(_) => {
             Some(crate::kube::client::clients(&config.kube, Some(app.metrics.clone())).await?)
@@ -65,6 +66,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     tink: config.kube.tink,
                     rufio: config.kube.rufio,
                     zero_touch: config.discovery.enabled || config.discovery.enroll,
+                    metal3: metal3_in_cluster,
                 },
                 events: app.events.clone(),
             });
@@ -89,9 +91,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     t.push(tokio::spawn(bmc.clone().inspect(inventory_every)));
                 }
             }
-            // BareMetalHosts (host mode only for now): carried out with
-            // both engines' parts.
-            if tink && rufio && app.kube.is_none() {
+            // BareMetalHosts: carried out with both engines' parts (kube
+            // mode: when tinkerbox is their operator there).
+            if tink && rufio && (app.kube.is_none() || metal3_in_cluster) {
                 let c = crate::metal3::controller::Controller::new(
                     app.store.clone(),
                     app.services.clone(),
@@ -282,7 +284,8 @@ async fn open(
         )
         .with_link(link.clone()),
         discovery: crate::services::Discovery::new(config.discovery.clone(), public_ip),
-        metal3: crate::services::metal3::Metal3Service::new(store.clone(), sink.clone()),
+        metal3: crate::services::metal3::Metal3Service::new(store.clone(), sink.clone())
+            .with_link(link.clone()),
         link,
     });
     let bmc = Arc::new(bmc::jobs::Runner::new(

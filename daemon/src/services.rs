@@ -887,6 +887,102 @@ impl WorkflowService {
 }
 
 impl Services {
+    /// An object another one owns (a BareMetalHost's Hardware, BMC
+    /// Machine, Templates and Workflows), made or brought to `doc` where
+    /// objects of its kind live: the cluster (one server-side apply, then
+    /// mirrored at once, as the watch would), or the store.
+    pub async fn put_owned(&self, doc: Value) -> Result<(), Error> {
+        use crate::kinds::Checked;
+        let checked = crate::kinds::check(doc.clone())?;
+        let kind = checked.kind();
+        if let Some(cluster) = self.link.cluster() {
+            let meta = &doc["metadata"];
+            let key = Key::new(
+                meta["namespace"].as_str().unwrap_or("default"),
+                meta["name"].as_str().unwrap_or(""),
+            );
+            let copy = cluster.apply(kind, &key, &doc).await?;
+            match crate::kinds::check(copy.item)? {
+                Checked::Hardware(hw) => {
+                    self.hardware
+                        .mirror(Mirrored::One(Copy {
+                            key,
+                            item: hw,
+                            version: copy.version,
+                        }))
+                        .await?
+                }
+                c => {
+                    let item = Copy {
+                        key,
+                        item: MirrorItem::new(c),
+                        version: copy.version,
+                    };
+                    // This instance writes their status (it leads).
+                    self.mirror(kind, Mirrored::One(item), false).await?
+                }
+            }
+            return Ok(());
+        }
+        match checked {
+            Checked::Hardware(hw) => {
+                self.hardware.apply(vec![hw]).await?;
+            }
+            Checked::Bmc(d) => {
+                self.bmc.apply(&[d]).await?;
+            }
+            Checked::Template(t) => {
+                self.workflow.apply(&[t], &[]).await?;
+            }
+            Checked::Workflow(w) => {
+                self.workflow.apply(&[], &[w]).await?;
+            }
+            _ => {
+                return Err(Error::Invalid(FieldError::new(
+                    "kind",
+                    format!("{} is not a kind one object owns", kind.resource()),
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// An owned object gone, from where objects of its kind live (the
+    /// cluster, then the mirror at once; or the store). True when it was
+    /// there.
+    pub async fn delete_owned(&self, kind: crate::kinds::Kind, key: &Key) -> Result<bool, Error> {
+        use crate::kinds::Kind as K;
+        use crate::store::workflow::TinkKind;
+        let mut gone = false;
+        if let Some(cluster) = self.link.cluster() {
+            gone = cluster.delete(kind, key).await?;
+            if kind == K::Hardware {
+                self.hardware
+                    .mirror(Mirrored::Gone(key.clone(), None))
+                    .await?;
+            } else {
+                self.mirror(kind, Mirrored::Gone(key.clone(), None), false)
+                    .await?;
+            }
+            return Ok(gone);
+        }
+        gone |= match kind {
+            K::Hardware => self.hardware.delete(key).await?,
+            K::Template => self.workflow.delete(TinkKind::Template, key).await?,
+            K::Workflow => self.workflow.delete(TinkKind::Workflow, key).await?,
+            K::Machine => self.bmc.store.remove_bmc_machine(key).await?,
+            // Host mode: a Machine's jobs go with it (above).
+            K::Job => false,
+            _ => {
+                return Err(Error::Invalid(FieldError::new(
+                    "kind",
+                    format!("{} is not a kind one object owns", kind.resource()),
+                )));
+            }
+        };
+        Ok(gone)
+    }
+
     /// The Kubernetes mirror's write of a kind other than Hardware, then
     /// the engine that runs it is woken. `take_status`: the status (a
     /// Workflow's, a Job's outcome) is the cluster's, since another

@@ -598,3 +598,210 @@ fn claim_picks_an_available_matching_host_and_release_cleans_it_and_gives_it_bac
     ]);
     assert!(out.contains("node-b claimed"), "{out}");
 }
+
+/// The host as the cluster has it.
+fn cluster_host(c: &crate::kube::Cluster) -> Value {
+    crate::kube::cluster_get(c, "baremetalhost", "node-0")
+}
+
+/// Wait (bounded) for the cluster's copy of the host to be in `want`
+/// (its status as tinkerbox wrote it through the status subresource).
+fn wait_cluster_state(c: &crate::kube::Cluster, d: &Daemon, want: &str, secs: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut last = Value::Null;
+    while Instant::now() < deadline {
+        last = cluster_host(c);
+        if last["status"]["provisioning"]["state"] == want {
+            return last;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!(
+        "the cluster's host never reached {want:?} within {secs}s: {last:#}\ndaemon log:\n{}",
+        d.log()
+    );
+}
+
+/// Kube mode (`kube.metal3`): tinkerbox is the cluster's BareMetalHost
+/// operator. kubectl plays the user and CAPM3 (its exact patches: the
+/// claim, the release, the consumer cleared once available), against a
+/// real kube-apiserver where there is one; sushy-emulator is the BMC and
+/// the upstream-proto gRPC peer the agent. Everything is read back from
+/// the cluster: status through the status subresource, BMO's finalizer,
+/// the parts the host owns (owner references), HardwareData; a delete
+/// waits for the host to be taken down, and the parts go with it.
+#[test]
+fn in_kube_mode_kubectl_and_capm3s_patches_take_a_host_through_its_lifecycle() {
+    let cluster = crate::kube::Cluster::start();
+    let sushy = Sushy::start();
+    cluster.kubectl(&["apply", "-f", "-"], Some(&docs(sushy.port, "")));
+    let d = crate::kube::kube_daemon_with(&cluster, "metal3 = true\n");
+
+    let h = wait_cluster_state(&cluster, &d, "inspecting", 60);
+    assert_eq!(h["status"]["operationalStatus"], "OK", "{h:#}");
+    assert!(
+        h["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|x| x == "baremetalhost.metal3.io")),
+        "BMO's finalizer: {h:#}"
+    );
+    let uid = h["metadata"]["uid"].as_str().unwrap().to_string();
+    // The parts: in the cluster, owned by the host.
+    for (kind, name) in [
+        ("hardware", "node-0"),
+        ("machines.bmc.tinkerbell.org", "node-0"),
+        ("workflows.tinkerbell.org", "node-0-inspect"),
+        ("templates.tinkerbell.org", "node-0-inspect"),
+    ] {
+        let o = crate::kube::cluster_get(&cluster, kind, name);
+        let owner = &o["metadata"]["ownerReferences"][0];
+        assert_eq!(owner["kind"], "BareMetalHost", "{kind}: {o:#}");
+        assert_eq!(owner["uid"], uid.as_str(), "{kind}: {o:#}");
+        assert_eq!(o["metadata"]["labels"]["metal3.io/baremetalhost"], "node-0");
+    }
+    let env = first_action_env(&d, "node-0-inspect");
+    let callback = env["CALLBACK_URL"].as_str().unwrap().to_string();
+    assert_eq!(post(&d, &callback, REPORT), "204");
+    run_agent(&d);
+
+    let h = wait_cluster_state(&cluster, &d, "available", 90);
+    assert_eq!(h["status"]["hardware"]["ramMebibytes"], 2048, "{h:#}");
+    assert_eq!(h["status"]["hardware"]["nics"][0]["ip"], "10.99.0.120");
+    let data = crate::kube::cluster_get(&cluster, "hardwaredata", "node-0");
+    assert_eq!(data["spec"]["hardware"], h["status"]["hardware"]);
+    sushy.wait_power("Off");
+    let until_off = Instant::now() + Duration::from_secs(30);
+    while cluster_host(&cluster)["status"]["poweredOn"] != false {
+        assert!(Instant::now() < until_off, "poweredOn never false");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // kubectl's printer columns are the CRD's: the state tinkerbox wrote.
+    let table = cluster.kubectl(&["get", "bmh"], None);
+    assert!(
+        table.contains("node-0") && table.contains("available"),
+        "{table}"
+    );
+    // Writes to the cluster's hosts are the cluster's, not tinkerbox's API.
+    let o = d.cli(&["delete", "bmh", "node-0"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("kubectl"),
+        "{o:?}"
+    );
+
+    // CAPM3's Associate: the user data Secret, then one patch: the cluster
+    // label, consumerRef, image, userData, online.
+    cluster.kubectl(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: node-0-user-data, namespace: default}\n\
+             stringData: {userData: \"#cloud-config\\nhostname: node-0\\n\"}\n",
+        ),
+    );
+    let claim = json!({
+        "metadata": {"labels": {"cluster.x-k8s.io/cluster-name": "c1"}},
+        "spec": {
+            "consumerRef": {"kind": "Metal3Machine", "name": "m-0", "namespace": "default",
+                            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1"},
+            "image": {"url": "http://10.99.0.1/img.qcow2", "checksum": "http://10.99.0.1/img.qcow2.sha256sum",
+                      "checksumType": "sha256", "format": "qcow2"},
+            "userData": {"name": "node-0-user-data", "namespace": "default"},
+            "online": true,
+        }
+    });
+    cluster.kubectl(
+        &[
+            "patch",
+            "bmh",
+            "node-0",
+            "--type",
+            "merge",
+            "-p",
+            &claim.to_string(),
+        ],
+        None,
+    );
+    wait_cluster_state(&cluster, &d, "provisioning", 60);
+    let hw = crate::kube::cluster_get(&cluster, "hardware", "node-0");
+    assert_eq!(hw["spec"]["userData"], "#cloud-config\nhostname: node-0\n");
+    let env = first_action_env(&d, "node-0-provision");
+    assert_eq!(env["IMG_URL"], "http://10.99.0.1/img.qcow2");
+    run_agent(&d);
+    let h = wait_cluster_state(&cluster, &d, "provisioned", 90);
+    assert_eq!(h["status"]["errorMessage"], "", "{h:#}");
+    assert_eq!(
+        h["status"]["provisioning"]["image"]["url"],
+        "http://10.99.0.1/img.qcow2"
+    );
+    assert_eq!(h["status"]["hardware"]["hostname"], "node-0");
+
+    // CAPM3's Delete: image and data cleared, online false; it waits for
+    // available, then clears the consumer and its label.
+    cluster.kubectl(
+        &[
+            "patch",
+            "bmh",
+            "node-0",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op": "remove", "path": "/spec/image"}, {"op": "remove", "path": "/spec/userData"},
+                {"op": "replace", "path": "/spec/online", "value": false}]"#,
+        ],
+        None,
+    );
+    wait_cluster_state(&cluster, &d, "deprovisioning", 60);
+    let _ = first_action_env(&d, "node-0-deprovision");
+    run_agent(&d);
+    let h = wait_cluster_state(&cluster, &d, "available", 90);
+    assert!(h["status"]["provisioning"].get("image").is_none(), "{h:#}");
+    cluster.kubectl(
+        &[
+            "patch",
+            "bmh",
+            "node-0",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op": "remove", "path": "/spec/consumerRef"},
+                {"op": "remove", "path": "/metadata/labels/cluster.x-k8s.io~1cluster-name"}]"#,
+        ],
+        None,
+    );
+
+    // kubectl delete: held by the finalizer while tinkerbox takes the host
+    // down, then gone, and every part with it.
+    cluster.kubectl(&["delete", "bmh", "node-0", "--wait=false"], None);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let o = cluster.kubectl_output(&["get", "bmh", "node-0", "-o", "name"], None);
+        if !o.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node-0 never left the cluster:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    for (kind, name) in [
+        ("hardware", "node-0"),
+        ("machines.bmc.tinkerbell.org", "node-0"),
+        ("workflows.tinkerbell.org", "node-0-inspect"),
+        ("workflows.tinkerbell.org", "node-0-provision"),
+        ("templates.tinkerbell.org", "node-0-deprovision"),
+        ("hardwaredata", "node-0"),
+        ("jobs.bmc.tinkerbell.org", "node-0-power"),
+    ] {
+        let o = cluster.kubectl(
+            &["get", kind, name, "--ignore-not-found", "-o", "name"],
+            None,
+        );
+        assert!(o.trim().is_empty(), "{kind} {name} is left: {o}");
+    }
+    let ev = d.cli_ok(&["events", "node-0"]);
+    for s in ["inspecting", "available", "provisioned", "deleting"] {
+        assert!(ev.contains(&format!("-> \"{s}\"")), "{s}: {ev}");
+    }
+}

@@ -34,13 +34,15 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/api/v1/hardwaredata/{name}", get(data))
 }
 
-/// Kube mode does not serve BareMetalHosts from the cluster yet: refused
-/// rather than kept where no controller of the cluster sees them.
+/// In kube mode BareMetalHosts are the cluster's (mirrored when
+/// `kube.metal3` is on): changed there, as CAPM3 and users of BMO do.
 pub(crate) fn host_mode(app: &App) -> Result<(), ApiError> {
     if app.kube.is_some() {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            "BareMetalHosts are served in host mode only for now ([kube] enabled)",
+            "BareMetalHosts are the Kubernetes cluster's ([kube] enabled; tinkerbox is their operator \
+             with kube.metal3 = true): change them there, e.g. kubectl apply -f FILE, kubectl patch bmh NAME, \
+             kubectl delete bmh NAME",
         ));
     }
     Ok(())

@@ -39,6 +39,9 @@ pub fn kinds(cfg: &KubeConfig, enroll: bool) -> Vec<Kind> {
     if enroll {
         k.push(Kind::WorkflowRuleSet);
     }
+    if cfg.metal3 {
+        k.push(Kind::BareMetalHost);
+    }
     k
 }
 
@@ -301,6 +304,21 @@ impl Mirror {
                 Some(m) => s.hardware.mirror(m).await,
                 None => Ok(()),
             },
+            // The status BMO would have written, kept apart: the host's
+            // document is stored without it.
+            Kind::BareMetalHost => {
+                let host = |d: Value| {
+                    let status = d
+                        .get("status")
+                        .cloned()
+                        .and_then(|v| serde_json::from_value(v).ok());
+                    crate::metal3::model::host(d).map(|h| (h, status))
+                };
+                match self.checked(kind, change, host) {
+                    Some(m) => s.metal3.mirror(m, follower).await,
+                    None => Ok(()),
+                }
+            }
             _ => {
                 let take = match kind {
                     Kind::Template | Kind::Workflow | Kind::WorkflowRuleSet => {

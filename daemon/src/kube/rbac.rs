@@ -92,6 +92,39 @@ pub const ZERO_TOUCH: &[Grant] = &[Grant {
     verbs: &["create"],
 }];
 
+/// BareMetalHosts (`kube.metal3`): tinkerbox plays BMO (and Ironic, with
+/// its own parts): the hosts' status and BMO's finalizer, the annotations
+/// it acts on taken off, their HardwareData, their data Secrets read, and
+/// the parts each host owns (Hardware, BMC Machine, Templates, Workflows,
+/// Jobs) made, kept and removed.
+pub const METAL3: &[Grant] = &[
+    Grant {
+        group: "metal3.io",
+        resources: &["baremetalhosts"],
+        verbs: &["get", "list", "watch", "update", "patch"],
+    },
+    Grant {
+        group: "metal3.io",
+        resources: &["baremetalhosts/status", "baremetalhosts/finalizers"],
+        verbs: WRITE,
+    },
+    Grant {
+        group: "metal3.io",
+        resources: &["hardwaredata"],
+        verbs: ALL,
+    },
+    Grant {
+        group: "tinkerbell.org",
+        resources: &["hardware", "templates", "workflows"],
+        verbs: ALL,
+    },
+    Grant {
+        group: "bmc.tinkerbell.org",
+        resources: &["machines", "jobs"],
+        verbs: ALL,
+    },
+];
+
 /// Rufio native: tinkerbox drives the BMCs (rufio's job).
 pub const RUFIO_NATIVE: &[Grant] = &[
     Grant {
@@ -203,6 +236,8 @@ pub struct Roles {
     pub rufio: Mode,
     /// Discovery or enrollment is on.
     pub zero_touch: bool,
+    /// tinkerbox is the BareMetalHost operator (`kube.metal3`).
+    pub metal3: bool,
 }
 
 impl Default for Roles {
@@ -211,6 +246,7 @@ impl Default for Roles {
             tink: Mode::Native,
             rufio: Mode::Native,
             zero_touch: false,
+            metal3: false,
         }
     }
 }
@@ -226,6 +262,9 @@ pub fn grants(roles: Roles) -> Vec<&'static Grant> {
     }
     if roles.zero_touch {
         g.extend(ZERO_TOUCH);
+    }
+    if roles.metal3 {
+        g.extend(METAL3);
     }
     if roles.tink == Mode::External || roles.rufio == Mode::External {
         g.extend(SUPERVISOR);
@@ -441,6 +480,7 @@ mod tests {
             tink,
             rufio,
             zero_touch: false,
+            metal3: false,
         }
     }
 
@@ -549,6 +589,35 @@ mod tests {
         }
         assert!(allows(&plain, TB, "workflowrulesets", "watch"));
         assert!(!allows(&zero, TB, "templates", "create"));
+    }
+
+    #[test]
+    fn metal3_adds_what_bmo_writes_and_the_hosts_parts() {
+        let plain = rules(Roles::default());
+        let m3 = rules(Roles {
+            metal3: true,
+            ..Roles::default()
+        });
+        const M3: &str = "metal3.io";
+        for (res, verb) in [
+            ("baremetalhosts", "watch"),
+            ("baremetalhosts", "patch"),
+            ("baremetalhosts/status", "patch"),
+            ("baremetalhosts/finalizers", "update"),
+            ("hardwaredata", "create"),
+            ("hardwaredata", "delete"),
+        ] {
+            assert!(!allows(&plain, M3, res, verb), "{res} {verb}");
+            assert!(allows(&m3, M3, res, verb), "{res} {verb}");
+        }
+        assert!(!allows(&m3, M3, "baremetalhosts", "create"), "the user's");
+        assert!(!allows(&m3, M3, "baremetalhosts", "delete"), "the user's");
+        for res in ["hardware", "templates", "workflows"] {
+            assert!(allows(&m3, TB, res, "create"), "{res}");
+            assert!(allows(&m3, TB, res, "delete"), "{res}");
+        }
+        assert!(allows(&m3, BMC, "machines", "create"));
+        assert!(allows(&m3, BMC, "jobs", "delete"));
     }
 
     #[test]

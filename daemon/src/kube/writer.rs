@@ -90,6 +90,10 @@ pub struct Cluster {
 /// The field manager of every status tinkerbox writes.
 const STATUS_MANAGER: &str = "tinkerbox-status";
 
+/// The field manager of the objects tinkerbox makes and keeps as it wants
+/// them (a BareMetalHost's parts).
+const OWNER_MANAGER: &str = "tinkerbox";
+
 /// The Workflow CRD is read again after this (a supervised upgrade may
 /// replace tink v0.12's with the current one).
 const SCHEMA_AGE: Duration = Duration::from_secs(60);
@@ -220,6 +224,26 @@ impl Cluster {
             Err(e) if e.is(409) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Make the object `doc` says, or bring the one there to it: a
+    /// server-side apply of everything but its status, forced, under
+    /// [`OWNER_MANAGER`] (fields it set before and no longer does go).
+    pub async fn apply(&self, kind: Kind, key: &Key, doc: &Value) -> Result<Value, WriteError> {
+        let ar = resource(kind);
+        let mut body = strip(doc);
+        body["apiVersion"] = json!(ar.api_version);
+        body["kind"] = json!(ar.kind);
+        body["metadata"]["name"] = json!(key.name);
+        body["metadata"]["namespace"] = json!(key.namespace);
+        let params = PatchParams::apply(OWNER_MANAGER).force();
+        let o = bounded(self.api(kind, &key.namespace).patch(
+            &key.name,
+            &params,
+            &Patch::Apply(&body),
+        ))
+        .await?;
+        Ok(serde_json::to_value(o).unwrap_or(Value::Null))
     }
 
     /// True when it existed.
@@ -544,18 +568,35 @@ impl crate::services::cluster::Cluster for Port {
         key: &Key,
         doc: &Value,
     ) -> Result<Option<Copy<Value>>, ClusterError> {
-        let Some(made) = self.cluster.create(kind, key, doc).await? else {
-            return Ok(None);
-        };
-        let version = made
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .map(String::from);
-        Ok(Some(Copy {
-            key: key.clone(),
-            item: crate::kinds::clean(made),
-            version,
-        }))
+        Ok(self
+            .cluster
+            .create(kind, key, doc)
+            .await?
+            .map(|made| copy(key, made)))
+    }
+
+    async fn apply(&self, kind: Kind, key: &Key, doc: &Value) -> Result<Copy<Value>, ClusterError> {
+        Ok(copy(key, self.cluster.apply(kind, key, doc).await?))
+    }
+
+    async fn delete(&self, kind: Kind, key: &Key) -> Result<bool, ClusterError> {
+        Ok(self.cluster.delete(kind, key).await?)
+    }
+
+    async fn get(&self, kind: Kind, key: &Key) -> Result<Option<Value>, ClusterError> {
+        Ok(self.cluster.get(kind, key).await?)
+    }
+
+    async fn edit(
+        &self,
+        kind: Kind,
+        key: &Key,
+        edit: &mut Edit<'_>,
+    ) -> Result<Copy<Value>, ClusterError> {
+        Ok(copy(
+            key,
+            self.cluster.update(kind, key, |d| edit(d)).await?,
+        ))
     }
 
     fn owe(&self, o: Owed) {
@@ -605,6 +646,20 @@ impl crate::services::cluster::Cluster for Port {
             .apply_status(kind, key, &convert::job_status(&row))
             .await?;
         Ok(())
+    }
+}
+
+/// An object as the cluster answered a write, cleaned, with its
+/// resourceVersion.
+fn copy(key: &Key, doc: Value) -> Copy<Value> {
+    let version = doc
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .map(String::from);
+    Copy {
+        key: key.clone(),
+        item: crate::kinds::clean(doc),
+        version,
     }
 }
 
@@ -780,6 +835,8 @@ impl Pusher {
         match d {
             Owed::Workflow(_) if !self.workflows => {}
             Owed::Job(_) | Owed::Machine(_) if !self.bmc => {}
+            // The BareMetalHost controller runs only with both engines.
+            Owed::BareMetalHost(_) if !(self.bmc && self.workflows) => {}
             Owed::Workflow(key) => return self.port.push_workflow(key, Some(PROGRESS_EVERY)).await,
             Owed::Job(key) => {
                 // In turn with the runner's own pushes: never an older row
@@ -801,6 +858,21 @@ impl Pusher {
                 }
                 if row.kind == JobKind::Job {
                     self.push_tasks(key, &row).await?;
+                }
+            }
+            Owed::BareMetalHost(key) => {
+                // BMO's status, as the controller saved it last.
+                let Some(row) = self.port.store.host(key).await? else {
+                    self.last.remove(d);
+                    return Ok(Push::Done);
+                };
+                let status = serde_json::to_value(&row.status).unwrap_or(Value::Null);
+                if self.last.get(d) != Some(&status) {
+                    self.port
+                        .cluster
+                        .apply_status(Kind::BareMetalHost, key, &status)
+                        .await?;
+                    self.last.insert(d.clone(), status);
                 }
             }
             Owed::Machine(key) => {

@@ -164,7 +164,9 @@ impl BmcTarget {
                     "host": url,
                     "authSecretRef": auth,
                     "insecureTLS": insecure_tls,
-                    "providerOptions": {"preferredOrder": ["redfish"], "redfish": redfish},
+                    // bmclib's name for its Redfish provider: the only one
+                    // Rufio's CRD takes.
+                    "providerOptions": {"preferredOrder": ["gofish"], "redfish": redfish},
                 })
             }
         }
@@ -234,7 +236,7 @@ mod tests {
             c,
             json!({"host": "http://10.0.0.1:8000", "authSecretRef": {"name": "creds", "namespace": "lab"},
                    "insecureTLS": false,
-                   "providerOptions": {"preferredOrder": ["redfish"], "redfish": {"systemName": "vm-1"}}})
+                   "providerOptions": {"preferredOrder": ["gofish"], "redfish": {"systemName": "vm-1"}}})
         );
         let c = parse("ipmi://10.0.0.1:6230")
             .unwrap()

@@ -12,10 +12,10 @@ use crate::bmc::PowerAction;
 use crate::bmc::model::Action;
 use crate::clock::now_ms;
 use crate::hardware::Key;
+use crate::kinds::Kind;
 use crate::services::Services;
 use crate::services::metal3::{HostData, Metal3Service};
 use crate::store::metal3::{HostRow, rfc3339};
-use crate::store::workflow::TinkKind;
 use crate::store::{Store, StoreError};
 use crate::workflow::model::State as WfState;
 use serde_json::Value;
@@ -127,6 +127,9 @@ impl Controller {
                 return Ok((STEADY_EVERY, version));
             }
         };
+        // Kube mode: BMO's finalizer first, so that a delete waits for
+        // the host to be taken down.
+        self.services.metal3.hold(&host).await?;
         let (obs, data) = self.observe(&host, &row).await?;
         let step = state::step(&host, &row.status, &row.private, &obs, jitter());
         let mut private = step.private.clone();
@@ -385,8 +388,8 @@ impl Controller {
                 .await?;
             }
             Do::SaveHardwareData(report) => s.metal3.save_hardware_data(row, &report).await?,
-            // Done in the status write.
-            Do::RemoveAnnotation(_) => {}
+            // Done in the status write (kube mode: in the cluster too).
+            Do::RemoveAnnotation(name) => s.metal3.remove_annotation(&host.key, name).await?,
             Do::Finalize => self.finalize(host).await?,
         }
         Ok(())
@@ -402,9 +405,7 @@ impl Controller {
     ) -> Result<(), PassError> {
         let s = &self.services;
         if let Some(bmc) = &host.bmc {
-            let m = crate::bmc::model::parse(owned::machine(host, bmc))
-                .map_err(crate::services::Error::Invalid)?;
-            s.bmc.apply(&[m]).await?;
+            s.put_owned(owned::machine(host, bmc)).await?;
         }
         let id = if row.status.provisioning.id.is_empty() {
             host.uid().unwrap_or(&host.key.name).to_string()
@@ -419,8 +420,7 @@ impl Controller {
                 ProvisioningState::Provisioning | ProvisioningState::Provisioned
             )
         });
-        let hw = crate::hardware::validate(owned::hardware(host, &id, user_data, iso))
-            .map_err(crate::services::Error::Invalid)?;
+        let hw = owned::hardware(host, &id, user_data, iso);
         // A Hardware of the name that is not this host's is the user's:
         // never taken over.
         if let Some(existing) = self.store.get(&host.key).await?
@@ -434,10 +434,7 @@ impl Controller {
                 .into(),
             );
         }
-        s.hardware
-            .apply(vec![hw])
-            .await
-            .map_err(crate::services::Error::from)?;
+        s.put_owned(hw).await?;
         Ok(())
     }
 
@@ -453,11 +450,12 @@ impl Controller {
     ) -> Result<(), PassError> {
         self.ensure_parts(host, row, data).await?;
         let (t, w) = owned::operation(host, op, row.private.run, actions);
-        let t = crate::workflow::model::template(t).map_err(crate::services::Error::Invalid)?;
-        let w = crate::workflow::model::workflow(w).map_err(crate::services::Error::Invalid)?;
-        let wf = &self.services.workflow;
-        wf.delete(TinkKind::Workflow, &w.key).await?;
-        wf.apply(&[t], &[w]).await?;
+        let s = &self.services;
+        // A new Workflow, not the earlier run's changed: the engine runs
+        // a Workflow once.
+        s.delete_owned(Kind::Workflow, &op.key(&host.key)).await?;
+        s.put_owned(t).await?;
+        s.put_owned(w).await?;
         Ok(())
     }
 
@@ -470,8 +468,8 @@ impl Controller {
             Operation::Deprovision,
         ] {
             let k = op.key(&host.key);
-            s.workflow.delete(TinkKind::Workflow, &k).await?;
-            s.workflow.delete(TinkKind::Template, &k).await?;
+            s.delete_owned(Kind::Workflow, &k).await?;
+            s.delete_owned(Kind::Template, &k).await?;
         }
         if self
             .store
@@ -479,10 +477,13 @@ impl Controller {
             .await?
             .is_some_and(|d| owned_by(&d, host))
         {
-            s.hardware.delete(&host.key).await?;
+            s.delete_owned(Kind::Hardware, &host.key).await?;
         }
-        self.store.remove_bmc_machine(&host.key).await?;
-        s.metal3.remove(&host.key).await?;
+        for what in ["register", "power", "provision"] {
+            s.delete_owned(Kind::Job, &job_key(host, what)).await?;
+        }
+        s.delete_owned(Kind::Machine, &host.key).await?;
+        s.metal3.finalize(&host.key).await?;
         Ok(())
     }
 }

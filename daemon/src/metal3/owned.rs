@@ -37,12 +37,23 @@ impl Operation {
     }
 }
 
+/// An owned object's metadata: the owner label (how tinkerbox tells its
+/// own from a user's object of the name) and, for a host with a uid (in
+/// the cluster, always), the owner reference that has the cluster's
+/// garbage collector remove it with the host.
 fn metadata(host: &Host, name: &str) -> Value {
-    json!({
+    let mut m = json!({
         "name": name,
         "namespace": host.key.namespace,
         "labels": {OWNER_LABEL: host.key.name},
-    })
+    });
+    if let Some(uid) = host.uid() {
+        m["ownerReferences"] = json!([{
+            "apiVersion": super::API_VERSION, "kind": super::KIND, "name": host.key.name,
+            "uid": uid, "controller": true, "blockOwnerDeletion": true,
+        }]);
+    }
+    m
 }
 
 /// The host's Hardware: its boot interface by `bootMACAddress` (the

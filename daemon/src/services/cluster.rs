@@ -18,6 +18,7 @@ pub enum Owed {
     /// A Job or a Task (a Rufio Task run as a one-task job).
     Job(Key),
     Machine(Key),
+    BareMetalHost(Key),
 }
 
 /// A cluster object's copy, checked, with the resourceVersion it had.
@@ -86,6 +87,27 @@ pub trait Cluster: Send + Sync {
         key: &Key,
         doc: &Value,
     ) -> Result<Option<Copy<Value>>, ClusterError>;
+
+    /// Object `key` of `kind` as `doc` has it (made, or brought to it):
+    /// one server-side apply of its metadata and spec, under tinkerbox's
+    /// field manager. The copy the cluster has now.
+    async fn apply(&self, kind: Kind, key: &Key, doc: &Value) -> Result<Copy<Value>, ClusterError>;
+
+    /// Object `key` of `kind` gone. True when it existed.
+    async fn delete(&self, kind: Kind, key: &Key) -> Result<bool, ClusterError>;
+
+    /// Object `key` of `kind` as the cluster has it now (None: not there).
+    async fn get(&self, kind: Kind, key: &Key) -> Result<Option<Value>, ClusterError>;
+
+    /// Change object `key` of `kind` (its metadata or spec) with `edit`:
+    /// read, edit, write with the resourceVersion read, again on a
+    /// conflict. The copy the cluster has now.
+    async fn edit(
+        &self,
+        kind: Kind,
+        key: &Key,
+        edit: &mut Edit<'_>,
+    ) -> Result<Copy<Value>, ClusterError>;
 
     /// The stored status of `o` is owed to the cluster (written behind,
     /// coalesced), while this instance leads.

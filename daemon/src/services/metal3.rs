@@ -3,9 +3,11 @@
 //! over HTTP. Each write wakes the controller.
 
 use super::Error;
+use super::{Copy, Link, Mirrored, Owed};
 use crate::clock::now_ms;
 use crate::events::{Event, EventSink, Kind};
 use crate::hardware::{FieldError, Key};
+use crate::kinds::Kind as ObjKind;
 use crate::metal3::details;
 use crate::metal3::model::{Host, ProvisioningState, Status};
 use crate::metal3::state::Private;
@@ -18,6 +20,8 @@ use tokio::sync::Notify;
 pub struct Metal3Service {
     store: Store,
     events: EventSink,
+    /// Kube mode: hosts live in the cluster; their status is owed to it.
+    link: Arc<Link>,
     /// Wakes the lifecycle controller.
     pub wake: Arc<Notify>,
     /// One claim at a time.
@@ -46,9 +50,91 @@ impl Metal3Service {
         Metal3Service {
             store,
             events,
+            link: Arc::default(),
             wake: Arc::new(Notify::new()),
             claims: tokio::sync::Mutex::new(()),
         }
+    }
+
+    pub fn with_link(mut self, link: Arc<Link>) -> Self {
+        self.link = link;
+        self
+    }
+
+    /// Hosts live in the cluster (kube mode): a user changes them there.
+    fn in_cluster(&self, what: &str) -> Result<(), Error> {
+        if self.link.cluster().is_some() {
+            return Err(Error::Invalid(FieldError::new(
+                "",
+                format!(
+                    "BareMetalHosts are the cluster's in kube mode: {what} with kubectl (as CAPM3 does)"
+                ),
+            )));
+        }
+        Ok(())
+    }
+
+    /// The Kubernetes mirror's write (`kube::mirror`): the cluster's hosts,
+    /// their documents taken (a delete there is a `deletionTimestamp`,
+    /// since the controller's finalizer holds it). Their status is the
+    /// cluster's when this instance does not write it (`take_status`: a
+    /// follower) and for a host it has never seen (a new store, a host
+    /// moved in with its status): the controller goes on from there.
+    pub async fn mirror(
+        &self,
+        change: Mirrored<(Host, Option<Status>)>,
+        take_status: bool,
+    ) -> Result<(), StoreError> {
+        let (copies, replace) = match change {
+            Mirrored::All { items, invalid } => {
+                // An invalid copy keeps its last good one.
+                let keep: Vec<Key> = invalid;
+                (items, Some(keep))
+            }
+            Mirrored::One(c) => (vec![c], None),
+            Mirrored::Gone(key, _) => {
+                self.link.forget(ObjKind::BareMetalHost, &key);
+                self.remove(&key).await?;
+                return Ok(());
+            }
+        };
+        let mut seen: Vec<Key> = vec![];
+        for Copy { key, item, version } in copies {
+            seen.push(key.clone());
+            if !self
+                .link
+                .newer(ObjKind::BareMetalHost, &key, version.as_deref())
+            {
+                continue;
+            }
+            let (host, status) = item;
+            let known = self.store.host(&key).await?.is_some();
+            self.store.apply_hosts(std::slice::from_ref(&host)).await?;
+            if let Some(status) = status.filter(|_| take_status || !known)
+                && let Some(row) = self.store.host(&key).await?
+                && row.status != status
+            {
+                match self
+                    .store
+                    .save_host(&key, row.version, None, &status, &row.private)
+                    .await
+                {
+                    // Changed meanwhile: the controller's write is newer.
+                    Ok(_) | Err(StoreError::Stale { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if let Some(keep) = replace {
+            for row in self.store.hosts(None).await? {
+                if !seen.contains(&row.key) && !keep.contains(&row.key) {
+                    self.link.forget(ObjKind::BareMetalHost, &row.key);
+                    self.remove(&row.key).await?;
+                }
+            }
+        }
+        self.wake.notify_one();
+        Ok(())
     }
 
     pub async fn apply(&self, hosts: &[Host]) -> Result<Vec<Outcome>, StoreError> {
@@ -70,6 +156,7 @@ impl Metal3Service {
     /// A delete: the host is taken down (powered off, its parts removed)
     /// and then goes, as BMO's finalizer does.
     pub async fn delete(&self, key: &Key) -> Result<bool, Error> {
+        self.in_cluster("delete them")?;
         let found = self
             .store
             .mark_host_deleted(key, &rfc3339(now_ms()))
@@ -91,6 +178,7 @@ impl Metal3Service {
             .store
             .save_host(&row.key, row.version, doc, status, private)
             .await?;
+        self.link.owe(Owed::BareMetalHost(row.key.clone()));
         let (from, to) = (row.status.provisioning.state, status.provisioning.state);
         if from != to {
             self.events.record(
@@ -119,7 +207,72 @@ impl Metal3Service {
         Ok(v)
     }
 
-    /// The host and its HardwareData gone (the finalizer's last step).
+    /// The finalizer's last step: in kube mode the host's finalizer is
+    /// taken off in the cluster (which then deletes it, and the watch says
+    /// so), then, in either mode, the host and its HardwareData are gone
+    /// from the store.
+    pub async fn finalize(&self, key: &Key) -> Result<bool, Error> {
+        if let Some(cluster) = self.link.cluster() {
+            match cluster
+                .edit(ObjKind::BareMetalHost, key, &mut |d| {
+                    set_finalizer(d, false);
+                    Ok(())
+                })
+                .await
+            {
+                Ok(_) | Err(super::cluster::ClusterError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            // Its HardwareData is held by BMO's finalizer while the host
+            // lives: taken off, then the object deleted.
+            match cluster
+                .edit(ObjKind::HardwareData, key, &mut |d| {
+                    if let Some(m) = d.get_mut("metadata").and_then(Value::as_object_mut) {
+                        m.remove("finalizers");
+                    }
+                    Ok(())
+                })
+                .await
+            {
+                Ok(_) | Err(super::cluster::ClusterError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            cluster.delete(ObjKind::HardwareData, key).await?;
+        }
+        Ok(self.remove(key).await?)
+    }
+
+    /// Kube mode: BMO's finalizer on the host in the cluster, so that a
+    /// delete waits for the controller to take the host down. False when
+    /// it was there already.
+    pub async fn hold(&self, host: &Host) -> Result<bool, Error> {
+        let Some(cluster) = self.link.cluster() else {
+            return Ok(false);
+        };
+        if has_finalizer(&host.doc) || host.deleting() {
+            return Ok(false);
+        }
+        cluster
+            .edit(ObjKind::BareMetalHost, &host.key, &mut |d| {
+                set_finalizer(d, true);
+                Ok(())
+            })
+            .await?;
+        Ok(true)
+    }
+
+    /// Kube mode: an annotation the controller acted on taken off the host
+    /// in the cluster (host mode: the controller's save did it).
+    pub async fn remove_annotation(&self, key: &Key, name: &str) -> Result<(), Error> {
+        if let Some(cluster) = self.link.cluster() {
+            cluster
+                .remove_annotation(ObjKind::BareMetalHost, key, name)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The host and its HardwareData gone from the store.
     pub async fn remove(&self, key: &Key) -> Result<bool, StoreError> {
         let gone = self.store.remove_host(key).await?;
         if gone {
@@ -146,6 +299,11 @@ impl Metal3Service {
             "metadata": meta,
             "spec": {"hardware": report},
         });
+        if let Some(cluster) = self.link.cluster() {
+            cluster
+                .apply(ObjKind::HardwareData, &host.key, &doc)
+                .await?;
+        }
         self.store.save_hardware_data(&host.key, &doc).await?;
         Ok(())
     }
@@ -220,7 +378,6 @@ impl Metal3Service {
             async move {
                 let Some(key) = key else { return Ok(None) };
                 let data = self
-                    .store
                     .data_secret(&key)
                     .await
                     .map_err(|e| format!("could not retrieve {what}: {e}"))?
@@ -254,6 +411,29 @@ impl Metal3Service {
             network_data,
             meta_data,
         })
+    }
+
+    /// A data Secret's keys, from where Secrets live: the cluster (read
+    /// when needed, as BMO reads them: only BMC credentials are mirrored),
+    /// or the store.
+    async fn data_secret(
+        &self,
+        key: &Key,
+    ) -> Result<Option<std::collections::BTreeMap<String, String>>, String> {
+        let Some(cluster) = self.link.cluster() else {
+            return self.store.data_secret(key).await.map_err(|e| e.to_string());
+        };
+        let Some(doc) = cluster
+            .get(ObjKind::Secret, key)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
+        match crate::kinds::check(crate::kinds::clean(doc)).map_err(|e| e.to_string())? {
+            crate::kinds::Checked::HostData(d) => Ok(Some(d.data)),
+            _ => Ok(Some(Default::default())),
+        }
     }
 
     /// The config drive of the host's current provisioning, for the
@@ -331,6 +511,7 @@ impl Metal3Service {
     /// then its consumer, image, user data and `online: true` in one write.
     /// Claims are serialised: two never take one host.
     pub async fn claim(&self, c: &Claim) -> Result<Claimed, Error> {
+        self.in_cluster("claim one")?;
         let _one = self.claims.lock().await;
         let ns = c
             .namespace
@@ -406,6 +587,7 @@ impl Metal3Service {
     /// false` (the host deprovisions, cleaned); once the host is available
     /// again, the consumer cleared. Called again until it says so.
     pub async fn release(&self, key: &Key) -> Result<Claimed, Error> {
+        self.in_cluster("release one")?;
         let Some(row) = self.store.host(key).await? else {
             return Err(Error::NotFound(format!("BareMetalHost {key}")));
         };
@@ -480,4 +662,27 @@ fn claimable(r: &HostRow) -> bool {
         && !ann(crate::metal3::PAUSED)
         && !ann("capm3.metal3.io/unhealthy")
         && !ann("capi.metal3.io/unhealthy")
+}
+
+/// Whether BMO's finalizer is on a host's document.
+fn has_finalizer(doc: &Value) -> bool {
+    doc.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|f| f.iter().any(|v| v == crate::metal3::FINALIZER))
+}
+
+/// BMO's finalizer put on a host's document, or taken off.
+fn set_finalizer(doc: &mut Value, on: bool) {
+    let Some(meta) = doc.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let list = meta
+        .entry("finalizers")
+        .or_insert_with(|| Value::Array(vec![]));
+    if let Some(a) = list.as_array_mut() {
+        a.retain(|v| v != crate::metal3::FINALIZER);
+        if on {
+            a.push(Value::String(crate::metal3::FINALIZER.into()));
+        }
+    }
 }

@@ -315,6 +315,7 @@ pub(crate) mod fixtures {
         tink: Role::External,
         rufio: Role::External,
         zero_touch: false,
+        metal3: false,
     };
 }
 
@@ -335,6 +336,7 @@ mod tests {
             tink: Role::External,
             rufio: Role::Native,
             zero_touch: false,
+            metal3: false,
         };
         let p = plan(&owner(), Some(&json!({})), rufio_native).unwrap();
         let on: Vec<_> = p.components.iter().map(|(c, _)| *c).collect();
@@ -375,6 +377,7 @@ mod tests {
             tink: Role::Native,
             rufio: Role::Native,
             zero_touch: false,
+            metal3: false,
         };
         let r = refused(json!({"rufio": {"enabled": true}}), native);
         assert_eq!(r.reason(), "Conflict");
