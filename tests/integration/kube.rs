@@ -237,6 +237,11 @@ impl Cluster {
         c
     }
 
+    /// A real kube-apiserver (on etcd), not kmock.
+    pub(crate) fn is_real(&self) -> bool {
+        self.procs.len() > 1
+    }
+
     /// tink v0.12's Workflow CRD in place of the current one, as a cluster
     /// that still runs tink v0.12 (its `STATE_*` status, `worker`).
     pub(crate) fn install_v012_workflow_crd(&self) {

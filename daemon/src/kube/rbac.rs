@@ -123,6 +123,13 @@ pub const METAL3: &[Grant] = &[
         resources: &["machines", "jobs"],
         verbs: ALL,
     },
+    // The user data Secret `tinkerbox claim --user-data` makes (server-side
+    // applied), and removes at the release.
+    Grant {
+        group: "",
+        resources: &["secrets"],
+        verbs: &["create", "patch", "delete"],
+    },
 ];
 
 /// Rufio native: tinkerbox drives the BMCs (rufio's job).
@@ -617,6 +624,8 @@ mod tests {
             assert!(allows(&m3, TB, res, "delete"), "{res}");
         }
         assert!(allows(&m3, BMC, "machines", "create"));
+        assert!(allows(&m3, "", "secrets", "patch"));
+        assert!(!allows(&plain, "", "secrets", "patch"));
         assert!(allows(&m3, BMC, "jobs", "delete"));
     }
 

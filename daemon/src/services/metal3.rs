@@ -511,7 +511,6 @@ impl Metal3Service {
     /// then its consumer, image, user data and `online: true` in one write.
     /// Claims are serialised: two never take one host.
     pub async fn claim(&self, c: &Claim) -> Result<Claimed, Error> {
-        self.in_cluster("claim one")?;
         let _one = self.claims.lock().await;
         let ns = c
             .namespace
@@ -565,17 +564,12 @@ impl Metal3Service {
                     format!("more than {} bytes", crate::metal3::model::DATA_MAX_BYTES),
                 )));
             }
-            self.store
-                .apply_data_secrets(std::slice::from_ref(&secret))
-                .await?;
+            self.put_data_secret(&secret).await?;
             spec.insert("userData".into(), json!({"name": secret.key.name}));
         }
         // The document still passes BMO's webhook.
         let checked = crate::metal3::model::host(doc)?;
-        self.store
-            .replace_host_doc(&row.key, row.version, &checked.doc)
-            .await?;
-        self.wake.notify_one();
+        self.replace_doc(row, &checked.doc).await?;
         Ok(Claimed {
             namespace: row.key.namespace.clone(),
             name: row.key.name.clone(),
@@ -587,7 +581,6 @@ impl Metal3Service {
     /// false` (the host deprovisions, cleaned); once the host is available
     /// again, the consumer cleared. Called again until it says so.
     pub async fn release(&self, key: &Key) -> Result<Claimed, Error> {
-        self.in_cluster("release one")?;
         let Some(row) = self.store.host(key).await? else {
             return Err(Error::NotFound(format!("BareMetalHost {key}")));
         };
@@ -618,19 +611,15 @@ impl Metal3Service {
         }
         if doc != row.doc {
             let checked = crate::metal3::model::host(doc)?;
-            self.store
-                .replace_host_doc(&row.key, row.version, &checked.doc)
-                .await?;
-            self.wake.notify_one();
+            self.replace_doc(&row, &checked.doc).await?;
         }
         // The user data Secret `claim` made goes with its consumer.
         if done && ours {
-            self.store
-                .delete_data_secret(&Key::new(
-                    key.namespace.clone(),
-                    format!("{}-user-data", key.name),
-                ))
-                .await?;
+            self.delete_data_secret(&Key::new(
+                key.namespace.clone(),
+                format!("{}-user-data", key.name),
+            ))
+            .await?;
         }
         Ok(Claimed {
             namespace: key.namespace.clone(),
@@ -662,6 +651,78 @@ fn claimable(r: &HostRow) -> bool {
         && !ann(crate::metal3::PAUSED)
         && !ann("capm3.metal3.io/unhealthy")
         && !ann("capi.metal3.io/unhealthy")
+}
+
+impl Metal3Service {
+    /// A claim's or a release's change of a host's spec, made where the
+    /// host lives, if it is still as read (`row`): the store (its
+    /// version), or the cluster, where the copy read must still have the
+    /// spec the change was made from (another claimant, CAPM3 or a user
+    /// may have come between; the resourceVersion guards the write).
+    async fn replace_doc(&self, row: &HostRow, doc: &Value) -> Result<(), Error> {
+        let Some(cluster) = self.link.cluster() else {
+            self.store
+                .replace_host_doc(&row.key, row.version, doc)
+                .await?;
+            self.wake.notify_one();
+            return Ok(());
+        };
+        let (read, spec) = (row.doc.get("spec").cloned(), doc.get("spec").cloned());
+        cluster
+            .edit(ObjKind::BareMetalHost, &row.key, &mut |d| {
+                if d.get("spec") != read.as_ref() {
+                    return Err(FieldError::new(
+                        "spec",
+                        format!("BareMetalHost {} changed meanwhile; try again", row.key),
+                    ));
+                }
+                d["spec"] = spec.clone().unwrap_or_default();
+                Ok(())
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// The user data Secret a claim makes, where Secrets live.
+    async fn put_data_secret(
+        &self,
+        secret: &crate::metal3::model::DataSecret,
+    ) -> Result<(), Error> {
+        let Some(cluster) = self.link.cluster() else {
+            self.store
+                .apply_data_secrets(std::slice::from_ref(secret))
+                .await?;
+            return Ok(());
+        };
+        use base64::Engine as _;
+        let data: serde_json::Map<String, Value> = secret
+            .data
+            .iter()
+            .map(|(k, v)| {
+                let b = base64::engine::general_purpose::STANDARD.encode(v);
+                (k.clone(), Value::String(b))
+            })
+            .collect();
+        let doc = json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": secret.key.name, "namespace": secret.key.namespace},
+            "data": data,
+        });
+        cluster.apply(ObjKind::Secret, &secret.key, &doc).await?;
+        Ok(())
+    }
+
+    async fn delete_data_secret(&self, key: &Key) -> Result<(), Error> {
+        match self.link.cluster() {
+            Some(cluster) => {
+                cluster.delete(ObjKind::Secret, key).await?;
+            }
+            None => {
+                self.store.delete_data_secret(key).await?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Whether BMO's finalizer is on a host's document.
