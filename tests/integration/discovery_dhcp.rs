@@ -534,3 +534,60 @@ fn auto_proxy_gives_no_address_but_serves_the_osie_script() {
         "{text}"
     );
 }
+
+/// A Hardware interface with no address (a BareMetalHost's) takes its
+/// address from the pool; the metadata service knows the machine at that
+/// address by the MAC its lease names, and only then: an unknown machine
+/// holding a pool lease is not answered.
+#[test]
+fn a_hardware_without_an_address_gets_its_metadata_at_its_pool_address() {
+    const MAC: &str = "02:00:00:98:00:21";
+    const OTHER: &str = "02:00:00:98:00:22";
+    let mut lab = Lab::new("pmd");
+    let client = lab.client("cl", MAC, None);
+    let other = lab.client("ot", OTHER, None);
+    let d = lab.tinkerbox("pool = \"10.99.0.100-10.99.0.109\"\n");
+    let f = lab.path("host.yaml");
+    std::fs::write(
+        &f,
+        format!(
+            "apiVersion: tinkerbell.org/v1alpha1\nkind: Hardware\nmetadata: {{name: host-0, namespace: default}}\n\
+             spec:\n  interfaces:\n  - dhcp: {{mac: \"{MAC}\"}}\n    netboot: {{allowPXE: false}}\n\
+             \x20 metadata:\n    instance: {{id: 6f1c0e9a-0b7d-4c55-9d0e-3c2b1a000021, hostname: host-0}}\n\
+             \x20 userData: \"#cloud-config\\nhostname: host-0\\n\"\n"
+        ),
+    )
+    .unwrap();
+    d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    let get = |ns: &str, ip: Ipv4Addr, path: &str| {
+        let mut c = in_ns(ns, "ip");
+        c.args(["addr", "replace", &format!("{ip}/24"), "dev", "eth0"]);
+        run_ok(c, Duration::from_secs(10));
+        let mut c = in_ns(ns, "curl");
+        c.args([
+            "-s",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_code}",
+            &format!("http://{SERVER}:7080{path}"),
+        ]);
+        run_ok(c, Duration::from_secs(15)).stdout
+    };
+    let (ip, _) = lab.lease(&d, &client, true);
+    assert!(in_pool(ip, 100, 109), "{ip}");
+    let id = get(&client, ip, "/2009-04-04/meta-data/instance-id");
+    assert_eq!(
+        id,
+        "6f1c0e9a-0b7d-4c55-9d0e-3c2b1a000021\n200",
+        "{}",
+        d.log()
+    );
+    let ud = get(&client, ip, "/2009-04-04/user-data");
+    assert_eq!(ud, "#cloud-config\nhostname: host-0\n\n200");
+    // An unknown machine with a pool lease is no Hardware's.
+    let (oip, _) = lab.lease(&d, &other, true);
+    assert_ne!(oip, ip);
+    let o = get(&other, oip, "/2009-04-04/meta-data/instance-id");
+    assert!(o.ends_with("404"), "{o}");
+}

@@ -407,6 +407,26 @@ fn a_host_the_webhook_would_refuse_is_refused_and_a_bad_bmc_is_a_registration_er
     let _ = json!({});
 }
 
+/// `tinkerbox claim` of a host matching `selector` for consumer web-1,
+/// with a raw image and user data, not followed.
+fn claim_web_1(d: &Daemon, selector: &str) -> String {
+    let ud = write_file(&d.dir, "user-data", "#cloud-config\nhostname: claimed\n");
+    d.cli_ok(&[
+        "claim",
+        "-l",
+        selector,
+        "--image",
+        "http://10.99.0.1/img.raw.gz",
+        "--checksum",
+        "0123456789abcdef0123456789abcdef",
+        "--user-data",
+        ud.to_str().unwrap(),
+        "--consumer",
+        "web-1",
+        "--no-wait",
+    ])
+}
+
 /// A host not inspected: its hardware from BMO's annotation.
 fn bare_host(name: &str, mac: &str, rack: &str, sushy_port: u16) -> String {
     format!(
@@ -475,21 +495,7 @@ fn claim_picks_an_available_matching_host_and_release_cleans_it_and_gives_it_bac
     wait_named(&d, "node-a", "available");
 
     // Claimed by label: the one host in rack r2.
-    let ud = write_file(&d.dir, "user-data", "#cloud-config\nhostname: claimed\n");
-    let out = d.cli_ok(&[
-        "claim",
-        "-l",
-        "rack=r2",
-        "--image",
-        "http://10.99.0.1/img.raw.gz",
-        "--checksum",
-        "0123456789abcdef0123456789abcdef",
-        "--user-data",
-        ud.to_str().unwrap(),
-        "--consumer",
-        "web-1",
-        "--no-wait",
-    ]);
+    let out = claim_web_1(&d, "rack=r2");
     assert!(
         out.contains("baremetalhost.metal3.io/node-b claimed by web-1"),
         "{out}"
@@ -784,21 +790,7 @@ fn in_kube_mode_kubectl_and_capm3s_patches_take_a_host_through_its_lifecycle() {
     // `tinkerbox claim` and `release` in kube mode: the same changes, made
     // in the cluster (the spec checked unchanged since read; the user data
     // Secret applied there, and removed with the consumer).
-    let ud = write_file(&d.dir, "user-data", "#cloud-config\nhostname: claimed\n");
-    let out = d.cli_ok(&[
-        "claim",
-        "-l",
-        "rack=r1",
-        "--image",
-        "http://10.99.0.1/img.raw.gz",
-        "--checksum",
-        "0123456789abcdef0123456789abcdef",
-        "--user-data",
-        ud.to_str().unwrap(),
-        "--consumer",
-        "web-1",
-        "--no-wait",
-    ]);
+    let out = claim_web_1(&d, "rack=r1");
     assert!(out.contains("node-0 claimed by web-1"), "{out}");
     let h = wait_cluster_state(&cluster, &d, "provisioning", 60);
     assert_eq!(h["spec"]["consumerRef"]["name"], "web-1", "{h:#}");

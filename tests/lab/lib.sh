@@ -132,3 +132,87 @@ lab_sercon_file() {
     mkdir -p "$(dirname "$path")"
     printf '\xf8\x03' >"$path.tmp.$$" && mv -f "$path.tmp.$$" "$path"
 }
+
+# lab_kube_up NS DIR PORT : an API server inside namespace NS on
+# 127.0.0.1:PORT, its kubeconfig written to DIR/kubeconfig: a real
+# kube-apiserver on etcd where KUBEBUILDER_ASSETS (envtest's convention;
+# default /usr/local/kubebuilder/bin) has one, as the integration tests
+# start it (a token for an admin, RBAC on), else kmock
+# (tests/kube/kmock-server), saying so. The PIDs started are appended to
+# the caller's `pids` array; LAB_KUBE_REAL is 1 for a real one, else 0.
+# Every wait is bounded (90 s).
+lab_kube_up() {
+    local ns=${1:?lab_kube_up NS DIR PORT} dir=${2:?} port=${3:?} i
+    local assets=${KUBEBUILDER_ASSETS:-/usr/local/kubebuilder/bin} repo etcd token
+    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+    export LAB_KUBE_REAL=0
+    etcd=$assets/etcd
+    [[ -x $etcd ]] || etcd=/usr/bin/etcd
+    if [[ -x $assets/kube-apiserver && -x $etcd ]]; then
+        openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
+        token=tb-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
+        echo "$token,admin,admin,system:masters" >"$dir/tokens.csv"
+        ip netns exec "$ns" "$etcd" --name default --data-dir "$dir/etcd" \
+            --listen-client-urls "http://127.0.0.1:$((port + 1))" \
+            --advertise-client-urls "http://127.0.0.1:$((port + 1))" \
+            --listen-peer-urls "http://127.0.0.1:$((port + 2))" \
+            --initial-advertise-peer-urls "http://127.0.0.1:$((port + 2))" \
+            --initial-cluster "default=http://127.0.0.1:$((port + 2))" \
+            </dev/null >"$dir/etcd.log" 2>&1 &
+        pids+=($!)
+        ip netns exec "$ns" "$assets/kube-apiserver" --etcd-servers="http://127.0.0.1:$((port + 1))" \
+            --cert-dir="$dir/certs" --secure-port="$port" \
+            --bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
+            --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true \
+            --service-account-issuer=https://kubernetes.default.svc \
+            --service-account-key-file="$dir/sa.key" --service-account-signing-key-file="$dir/sa.key" \
+            --token-auth-file="$dir/tokens.csv" \
+            --authorization-mode=RBAC --disable-admission-plugins=ServiceAccount \
+            </dev/null >"$dir/kube-apiserver.log" 2>&1 &
+        pids+=($!)
+        cat >"$dir/kubeconfig" <<END
+apiVersion: v1
+kind: Config
+clusters: [{name: lab, cluster: {server: "https://127.0.0.1:$port", insecure-skip-tls-verify: true}}]
+users: [{name: admin, user: {token: $token}}]
+contexts: [{name: lab, context: {cluster: lab, user: admin, namespace: default}}]
+current-context: lab
+END
+        for ((i = 0; i < 360; i++)); do
+            ip netns exec "$ns" kubectl --kubeconfig "$dir/kubeconfig" --request-timeout 2s \
+                get --raw /readyz >/dev/null 2>&1 && break
+            kill -0 "${pids[-1]}" 2>/dev/null || break
+            sleep 0.25
+        done
+        ip netns exec "$ns" kubectl --kubeconfig "$dir/kubeconfig" --request-timeout 5s \
+            get --raw /readyz >/dev/null 2>&1 || {
+            lab_log "kube-apiserver not ready: $(tail -n 5 "$dir/kube-apiserver.log")"
+            return 1
+        }
+        export LAB_KUBE_REAL=1
+        lab_log "the cluster: kube-apiserver from $assets on $etcd, 127.0.0.1:$port in $ns"
+        return 0
+    fi
+    lab_log "NO kube-apiserver in $assets (KUBEBUILDER_ASSETS): the cluster is kmock, a fake API server (no schema validation, no server-side apply semantics)"
+    local kpy
+    kpy=$("$repo/tests/kube/kmock-venv")
+    ip netns exec "$ns" "$kpy" "$repo/tests/kube/kmock-server" --port "$port" </dev/null >"$dir/kmock.log" 2>&1 &
+    pids+=($!)
+    for ((i = 0; i < 100; i++)); do
+        grep -q '^READY' "$dir/kmock.log" && break
+        kill -0 "${pids[-1]}" 2>/dev/null || break
+        sleep 0.1
+    done
+    grep -q '^READY' "$dir/kmock.log" || {
+        lab_log "kmock-server not ready: $(tail -n 5 "$dir/kmock.log")"
+        return 1
+    }
+    cat >"$dir/kubeconfig" <<END
+apiVersion: v1
+kind: Config
+clusters: [{name: lab, cluster: {server: "http://127.0.0.1:$port"}}]
+users: [{name: lab, user: {}}]
+contexts: [{name: lab, context: {cluster: lab, user: lab, namespace: default}}]
+current-context: lab
+END
+}

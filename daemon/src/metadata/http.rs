@@ -107,7 +107,7 @@ fn refuse(app: &App, code: StatusCode, why: String) -> Box<Response> {
 
 /// Identify the caller and check its IMDSv2 token, if any (required when
 /// `metadata.require_token`); its cached answers.
-fn caller(
+async fn caller(
     meta: &Meta,
     peer: SocketAddr,
     headers: &HeaderMap,
@@ -134,13 +134,44 @@ fn caller(
         None => {}
     }
     // Only Hardware IPs make cache entries.
-    match app.inventory.snapshot().by_ip(&ip) {
-        Some((m, iface)) => Ok((ip, meta.cache.entry(ip, m, iface))),
-        None => Err(refuse(
-            app,
-            StatusCode::NOT_FOUND,
-            format!("no Hardware has IP {ip}"),
-        )),
+    let snap = app.inventory.snapshot();
+    if let Some((m, iface)) = snap.by_ip(&ip) {
+        return Ok((ip, meta.cache.entry(ip, m, iface)));
+    }
+    if let Some(mac) = pool_mac(app, ip).await
+        && let Some((m, iface)) = snap.by_mac(&mac)
+        && iface.address.is_none()
+    {
+        return Ok((ip, meta.cache.entry(ip, m, iface)));
+    }
+    Err(refuse(
+        app,
+        StatusCode::NOT_FOUND,
+        format!("no Hardware has IP {ip}"),
+    ))
+}
+
+/// The MAC whose discovery-pool lease holds `ip` now, if the pool is on:
+/// a Hardware interface with no address of its own (a BareMetalHost's)
+/// is the machine that DHCP gave it to. Only a miss of the snapshot gets
+/// here (one indexed read).
+async fn pool_mac(app: &App, ip: IpAddr) -> Option<crate::hardware::Mac> {
+    let IpAddr::V4(v4) = ip.to_canonical() else {
+        return None;
+    };
+    if !app.config.discovery.enabled {
+        return None;
+    }
+    match app
+        .store
+        .discovery_lease_by_ip(v4, crate::clock::now_ms())
+        .await
+    {
+        Ok(lease) => lease.map(|l| l.mac),
+        Err(e) => {
+            tracing::error!(error = %e, %ip, "metadata: discovery lease lookup failed");
+            None
+        }
     }
 }
 
@@ -211,7 +242,14 @@ async fn new_token(
         }
     };
     let ip = client_ip(peer.ip(), &headers, trusted);
-    if app.inventory.snapshot().by_ip(&ip).is_none() {
+    let known = app.inventory.snapshot().by_ip(&ip).is_some()
+        || pool_mac(app, ip).await.is_some_and(|mac| {
+            app.inventory
+                .snapshot()
+                .by_mac(&mac)
+                .is_some_and(|(_, i)| i.address.is_none())
+        });
+    if !known {
         return reject(
             app,
             StatusCode::NOT_FOUND,
@@ -232,7 +270,7 @@ async fn ec2_index(
     Path(version): Path<String>,
     req: Request,
 ) -> Response {
-    serve_ec2(&meta, peer, req.headers(), &version, "")
+    serve_ec2(&meta, peer, req.headers(), &version, "").await
 }
 
 async fn ec2(
@@ -241,12 +279,12 @@ async fn ec2(
     Path((version, path)): Path<(String, String)>,
     req: Request,
 ) -> Response {
-    serve_ec2(&meta, peer, req.headers(), &version, &path)
+    serve_ec2(&meta, peer, req.headers(), &version, &path).await
 }
 
 /// Everything under `/<version>/`: the index, `meta-data/...`,
 /// `dynamic/...`, `user-data`, `vendor-data`.
-fn serve_ec2(
+async fn serve_ec2(
     meta: &Meta,
     peer: SocketAddr,
     headers: &HeaderMap,
@@ -263,9 +301,9 @@ fn serve_ec2(
     }
     let (section, rest) = path.split_once('/').unwrap_or((path, ""));
     if matches!(section, "user-data" | "vendor-data") && rest.is_empty() {
-        return data(meta, peer, headers, section, false);
+        return data(meta, peer, headers, section, false).await;
     }
-    let (ip, e) = match caller(meta, peer, headers) {
+    let (ip, e) = match caller(meta, peer, headers).await {
         Ok(x) => x,
         Err(r) => return *r,
     };
@@ -295,7 +333,7 @@ fn serve_ec2(
 
 /// EC2 answers 404 when there is no user data; NoCloud wants every file
 /// (a missing one costs cloud-init ~10 s of retries), so it gets an empty one.
-fn data(
+async fn data(
     meta: &Meta,
     peer: SocketAddr,
     headers: &HeaderMap,
@@ -303,7 +341,7 @@ fn data(
     nocloud: bool,
 ) -> Response {
     let app = &*meta.app;
-    let (ip, e) = match caller(meta, peer, headers) {
+    let (ip, e) = match caller(meta, peer, headers).await {
         Ok(x) => x,
         Err(r) => return *r,
     };
@@ -338,7 +376,7 @@ async fn metadata(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     req: Request,
 ) -> Response {
-    let (ip, e) = match caller(&meta, peer, req.headers()) {
+    let (ip, e) = match caller(&meta, peer, req.headers()).await {
         Ok(x) => x,
         Err(r) => return *r,
     };
@@ -356,7 +394,7 @@ async fn nocloud_meta(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     req: Request,
 ) -> Response {
-    let (ip, e) = match caller(&meta, peer, req.headers()) {
+    let (ip, e) = match caller(&meta, peer, req.headers()).await {
         Ok(x) => x,
         Err(r) => return *r,
     };
@@ -377,7 +415,7 @@ async fn nocloud_user(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     req: Request,
 ) -> Response {
-    data(&meta, peer, req.headers(), "user-data", true)
+    data(&meta, peer, req.headers(), "user-data", true).await
 }
 
 async fn nocloud_vendor(
@@ -385,7 +423,7 @@ async fn nocloud_vendor(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     req: Request,
 ) -> Response {
-    data(&meta, peer, req.headers(), "vendor-data", true)
+    data(&meta, peer, req.headers(), "vendor-data", true).await
 }
 
 async fn nocloud_network(
@@ -393,7 +431,7 @@ async fn nocloud_network(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     req: Request,
 ) -> Response {
-    let (ip, e) = match caller(&meta, peer, req.headers()) {
+    let (ip, e) = match caller(&meta, peer, req.headers()).await {
         Ok(x) => x,
         Err(r) => return *r,
     };
