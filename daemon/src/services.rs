@@ -971,7 +971,7 @@ impl Services {
             K::Template => self.workflow.delete(TinkKind::Template, key).await?,
             K::Workflow => self.workflow.delete(TinkKind::Workflow, key).await?,
             K::Machine => self.bmc.store.remove_bmc_machine(key).await?,
-            // Host mode: a Machine's jobs go with it (above).
+            // Host mode: a Machine's jobs go with it (the arm before).
             K::Job => false,
             _ => {
                 return Err(Error::Invalid(FieldError::new(

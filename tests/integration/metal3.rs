@@ -503,7 +503,7 @@ fn claim_picks_an_available_matching_host_and_release_cleans_it_and_gives_it_bac
     let b = wait_named(&d, "node-b", "provisioning");
     assert_eq!(b["spec"]["consumerRef"]["name"], "web-1");
     assert_eq!(b["spec"]["online"], true);
-    assert_eq!(b["spec"]["userData"]["name"], "node-b-user-data");
+    assert_eq!(b["spec"]["userData"]["name"], "node-b-web-1-user-data");
     let env = first_action_env(&d, "node-b-provision");
     assert_eq!(env["CHECKSUM_TYPE"], "auto");
     // Nothing else in r2 is available: a clear refusal.
@@ -794,7 +794,7 @@ fn in_kube_mode_kubectl_and_capm3s_patches_take_a_host_through_its_lifecycle() {
     assert!(out.contains("node-0 claimed by web-1"), "{out}");
     let h = wait_cluster_state(&cluster, &d, "provisioning", 60);
     assert_eq!(h["spec"]["consumerRef"]["name"], "web-1", "{h:#}");
-    let secret = crate::kube::cluster_get(&cluster, "secret", "node-0-user-data");
+    let secret = crate::kube::cluster_get(&cluster, "secret", "node-0-web-1-user-data");
     assert_eq!(
         secret["data"]["userData"],
         "I2Nsb3VkLWNvbmZpZwpob3N0bmFtZTogY2xhaW1lZAo="
@@ -816,7 +816,7 @@ fn in_kube_mode_kubectl_and_capm3s_patches_take_a_host_through_its_lifecycle() {
         &[
             "get",
             "secret",
-            "node-0-user-data",
+            "node-0-web-1-user-data",
             "--ignore-not-found",
             "-o",
             "name",

@@ -62,9 +62,11 @@ pub fn script(m: &Machine, iface: &Interface, s: &ScriptSettings) -> Result<Stri
     }
     let extra = iface.extra();
     if let Some(contents) = extra.ipxe_contents.as_deref() {
-        // The Hardware's own script, as is (with the header iPXE needs).
-        return Ok(if contents.trim_start().starts_with("#!ipxe") {
-            contents.to_string()
+        // The Hardware's own script, as is (with the header iPXE needs:
+        // first in the file, so whitespace before it goes).
+        let trimmed = contents.trim_start();
+        return Ok(if trimmed.starts_with("#!ipxe") {
+            trimmed.to_string()
         } else {
             format!("#!ipxe\n{contents}")
         });
@@ -296,6 +298,10 @@ mod tests {
             script(&m, MAC, &settings()).unwrap(),
             "#!ipxe\necho hi\nshell"
         );
+        // The header first in the file, or iPXE does not take it as a
+        // script (the fuzzer's find: whitespace before it).
+        let m = machine("{allowPXE: true, ipxe: {contents: \"\\n  #!ipxe\\nshell\"}}");
+        assert_eq!(script(&m, MAC, &settings()).unwrap(), "#!ipxe\nshell");
         let m = machine("{allowPXE: true, ipxe: {url: \"https://boot.netboot.xyz\"}}");
         assert!(
             script(&m, MAC, &settings())

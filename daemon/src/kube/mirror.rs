@@ -255,7 +255,7 @@ impl Mirror {
         for &kind in kinds {
             if !matches!(
                 kind,
-                Kind::Workflow | Kind::Job | Kind::Task | Kind::Machine
+                Kind::Workflow | Kind::Job | Kind::Task | Kind::Machine | Kind::BareMetalHost
             ) {
                 continue;
             }

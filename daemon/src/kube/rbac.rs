@@ -123,12 +123,12 @@ pub const METAL3: &[Grant] = &[
         resources: &["machines", "jobs"],
         verbs: ALL,
     },
-    // The user data Secret `tinkerbox claim --user-data` makes (server-side
-    // applied), and removes at the release.
+    // The user data Secret `tinkerbox claim --user-data` makes (never over
+    // an existing one), and removes at the release.
     Grant {
         group: "",
         resources: &["secrets"],
-        verbs: &["create", "patch", "delete"],
+        verbs: CREATE_DELETE,
     },
 ];
 
@@ -624,8 +624,9 @@ mod tests {
             assert!(allows(&m3, TB, res, "delete"), "{res}");
         }
         assert!(allows(&m3, BMC, "machines", "create"));
-        assert!(allows(&m3, "", "secrets", "patch"));
-        assert!(!allows(&plain, "", "secrets", "patch"));
+        assert!(allows(&m3, "", "secrets", "create"));
+        assert!(!allows(&m3, "", "secrets", "patch"), "never written over");
+        assert!(!allows(&plain, "", "secrets", "create"));
         assert!(allows(&m3, BMC, "jobs", "delete"));
     }
 

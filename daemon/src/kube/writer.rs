@@ -743,8 +743,8 @@ pub struct Pusher {
     workflows: bool,
     /// Job, Task and Machine status is tinkerbox's to write (rufio native).
     bmc: bool,
-    /// The Job and Machine status last written (not written again when
-    /// only a poll's time changed).
+    /// The Job, Machine and BareMetalHost status last written (not written
+    /// again unchanged, nor a Machine's when only a poll's time changed).
     last: HashMap<Owed, Value>,
 }
 

@@ -222,14 +222,21 @@ impl Controller {
             .uid()
             .map(String::from)
             .unwrap_or_else(|| row.status.provisioning.id.clone());
-        // The data Secrets, read when the host may provision: a missing
-        // one is the provisioning error BMO reports.
+        // The data Secrets, read when the host provisions or is about to:
+        // a missing one is the provisioning error BMO reports; one that
+        // cannot be read now (the cluster not answering) fails the pass,
+        // which the next one tries again.
         let data = match row.status.provisioning.state {
+            ProvisioningState::Available | ProvisioningState::Ready
+                if host.spec.image().is_none() =>
+            {
+                None
+            }
             ProvisioningState::Available
             | ProvisioningState::Ready
             | ProvisioningState::Provisioning
             | ProvisioningState::Provisioned => {
-                Some(self.services.metal3.host_data(host, &uid).await)
+                Some(self.services.metal3.host_data(host, &uid).await?)
             }
             _ => None,
         };
@@ -405,6 +412,13 @@ impl Controller {
     ) -> Result<(), PassError> {
         let s = &self.services;
         if let Some(bmc) = &host.bmc {
+            // A BMC Machine of the name that is not this host's is the
+            // user's, as a Hardware is (below).
+            if let Some(m) = self.store.bmc_machine(&host.key).await?
+                && !owned_by(&m.doc, host)
+            {
+                return Err(not_ours("BMC Machine", host));
+            }
             s.put_owned(owned::machine(host, bmc)).await?;
         }
         let id = if row.status.provisioning.id.is_empty() {
@@ -426,13 +440,7 @@ impl Controller {
         if let Some(existing) = self.store.get(&host.key).await?
             && !owned_by(&existing, host)
         {
-            return Err(
-                crate::services::Error::Invalid(crate::hardware::FieldError::new(
-                    "metadata.name",
-                    format!("Hardware {} exists and is not this host's", host.key),
-                ))
-                .into(),
-            );
+            return Err(not_ours("Hardware", host));
         }
         s.put_owned(hw).await?;
         Ok(())
@@ -482,13 +490,29 @@ impl Controller {
         for what in ["register", "power", "provision"] {
             s.delete_owned(Kind::Job, &job_key(host, what)).await?;
         }
-        s.delete_owned(Kind::Machine, &host.key).await?;
+        if self
+            .store
+            .bmc_machine(&host.key)
+            .await?
+            .is_some_and(|m| owned_by(&m.doc, host))
+        {
+            s.delete_owned(Kind::Machine, &host.key).await?;
+        }
         s.metal3.finalize(&host.key).await?;
         Ok(())
     }
 }
 
-/// Whether a Hardware document is `host`'s (its owner label): one of the
+/// A part's name taken by an object that is not the host's.
+fn not_ours(kind: &str, host: &Host) -> PassError {
+    crate::services::Error::Invalid(crate::hardware::FieldError::new(
+        "metadata.name",
+        format!("{kind} {} exists and is not this host's", host.key),
+    ))
+    .into()
+}
+
+/// Whether a part's document is `host`'s (its owner label): one of the
 /// name that is not is the user's, never taken over nor deleted.
 fn owned_by(doc: &Value, host: &Host) -> bool {
     doc.pointer("/metadata/labels")

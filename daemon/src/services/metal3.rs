@@ -92,9 +92,20 @@ impl Metal3Service {
                 (items, Some(keep))
             }
             Mirrored::One(c) => (vec![c], None),
-            Mirrored::Gone(key, _) => {
-                self.link.forget(ObjKind::BareMetalHost, &key);
-                self.remove(&key).await?;
+            Mirrored::Gone(key, uid) => {
+                // The object deleted, not a new one of the name made since.
+                let stored = self.store.host(&key).await?;
+                let same = match (
+                    &uid,
+                    stored.as_ref().and_then(|r| r.doc.pointer("/metadata/uid")),
+                ) {
+                    (Some(gone), Some(Value::String(have))) => gone == have,
+                    _ => true,
+                };
+                if same {
+                    self.link.forget(ObjKind::BareMetalHost, &key);
+                    self.remove(&key).await?;
+                }
                 return Ok(());
             }
         };
@@ -207,22 +218,14 @@ impl Metal3Service {
         Ok(v)
     }
 
-    /// The finalizer's last step: in kube mode the host's finalizer is
-    /// taken off in the cluster (which then deletes it, and the watch says
-    /// so), then, in either mode, the host and its HardwareData are gone
-    /// from the store.
+    /// The finalizer's last step. Host mode: the host and its HardwareData
+    /// gone from the store. Kube mode: the HardwareData's finalizer taken
+    /// off and the object deleted, then the host's finalizer taken off, last
+    /// (anything failing before is done again by the next pass); the
+    /// cluster then deletes the host and the watch takes it out of the
+    /// store (`mirror`'s `Gone`).
     pub async fn finalize(&self, key: &Key) -> Result<bool, Error> {
         if let Some(cluster) = self.link.cluster() {
-            match cluster
-                .edit(ObjKind::BareMetalHost, key, &mut |d| {
-                    set_finalizer(d, false);
-                    Ok(())
-                })
-                .await
-            {
-                Ok(_) | Err(super::cluster::ClusterError::NotFound(_)) => {}
-                Err(e) => return Err(e.into()),
-            }
             // Its HardwareData is held by BMO's finalizer while the host
             // lives: taken off, then the object deleted.
             match cluster
@@ -238,6 +241,17 @@ impl Metal3Service {
                 Err(e) => return Err(e.into()),
             }
             cluster.delete(ObjKind::HardwareData, key).await?;
+            match cluster
+                .edit(ObjKind::BareMetalHost, key, &mut |d| {
+                    set_finalizer(d, false);
+                    Ok(())
+                })
+                .await
+            {
+                Ok(_) | Err(super::cluster::ClusterError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            return Ok(true);
         }
         Ok(self.remove(key).await?)
     }
@@ -275,6 +289,8 @@ impl Metal3Service {
     /// The host and its HardwareData gone from the store.
     pub async fn remove(&self, key: &Key) -> Result<bool, StoreError> {
         let gone = self.store.remove_host(key).await?;
+        // Kube mode: the pusher forgets what it last wrote of it.
+        self.link.owe(Owed::BareMetalHost(key.clone()));
         if gone {
             self.events
                 .record(Event::new(Kind::Metal3State, "deleted".to_string()).machine(key.clone()));
@@ -369,32 +385,57 @@ pub struct HostData {
 
 impl Metal3Service {
     /// A host's user, network and meta data from its Secrets (BMO's keys,
-    /// each falling back to `value`), as its config drive holds them.
-    pub async fn host_data(&self, host: &Host, uid: &str) -> Result<HostData, String> {
+    /// each falling back to `value`), as its config drive holds them. The
+    /// inner error is BMO's (a Secret missing or unusable: the host's
+    /// provisioning error); the outer one says they cannot be read now
+    /// (the store, or the cluster not answering), for the next pass.
+    pub async fn host_data(
+        &self,
+        host: &Host,
+        uid: &str,
+    ) -> Result<Result<HostData, String>, Error> {
         let read = |what: &'static str, r: Option<&crate::metal3::model::SecretRef>| {
             let key = r
                 .filter(|r| !r.name.is_empty())
                 .map(|r| Key::new(host.key.namespace.clone(), r.name.clone()));
             async move {
-                let Some(key) = key else { return Ok(None) };
-                let data = self
-                    .data_secret(&key)
-                    .await
-                    .map_err(|e| format!("could not retrieve {what}: {e}"))?
-                    .ok_or_else(|| {
-                        format!("could not retrieve {what}: Secret {key} was not found")
-                    })?;
+                let Some(key) = key else { return Ok(Ok(None)) };
+                let Some(data) = self.data_secret(&key).await? else {
+                    return Ok(Err(format!(
+                        "could not retrieve {what}: Secret {key} was not found"
+                    )));
+                };
                 let field = match what {
                     "user data" => "userData",
                     "network data" => "networkData",
                     _ => "metaData",
                 };
-                Ok::<_, String>(data.get(field).or_else(|| data.get("value")).cloned())
+                Ok::<_, Error>(Ok(data.get(field).or_else(|| data.get("value")).cloned()))
             }
         };
-        let user_data = read("user data", host.spec.user_data.as_ref()).await?;
-        let network = read("network data", host.spec.network_data.as_ref()).await?;
-        let meta = read("metadata", host.spec.meta_data.as_ref()).await?;
+        let user_data = match read("user data", host.spec.user_data.as_ref()).await? {
+            Ok(d) => d,
+            Err(m) => return Ok(Err(m)),
+        };
+        let network = match read("network data", host.spec.network_data.as_ref()).await? {
+            Ok(d) => d,
+            Err(m) => return Ok(Err(m)),
+        };
+        let meta = match read("metadata", host.spec.meta_data.as_ref()).await? {
+            Ok(d) => d,
+            Err(m) => return Ok(Err(m)),
+        };
+        Ok(Self::host_data_of(host, uid, user_data, network, meta))
+    }
+
+    /// The data read, checked: BMO's error when it does not do.
+    fn host_data_of(
+        host: &Host,
+        uid: &str,
+        user_data: Option<String>,
+        network: Option<String>,
+        meta: Option<String>,
+    ) -> Result<HostData, String> {
         let network_data = network
             .as_deref()
             .filter(|t| !t.trim().is_empty())
@@ -415,24 +456,21 @@ impl Metal3Service {
 
     /// A data Secret's keys, from where Secrets live: the cluster (read
     /// when needed, as BMO reads them: only BMC credentials are mirrored),
-    /// or the store.
+    /// or the store. None: no such Secret, or not one of host data (as in
+    /// host mode, where only those are kept).
     async fn data_secret(
         &self,
         key: &Key,
-    ) -> Result<Option<std::collections::BTreeMap<String, String>>, String> {
+    ) -> Result<Option<std::collections::BTreeMap<String, String>>, Error> {
         let Some(cluster) = self.link.cluster() else {
-            return self.store.data_secret(key).await.map_err(|e| e.to_string());
+            return Ok(self.store.data_secret(key).await?);
         };
-        let Some(doc) = cluster
-            .get(ObjKind::Secret, key)
-            .await
-            .map_err(|e| e.to_string())?
-        else {
+        let Some(doc) = cluster.get(ObjKind::Secret, key).await? else {
             return Ok(None);
         };
-        match crate::kinds::check(crate::kinds::clean(doc)).map_err(|e| e.to_string())? {
-            crate::kinds::Checked::HostData(d) => Ok(Some(d.data)),
-            _ => Ok(Some(Default::default())),
+        match crate::kinds::check(crate::kinds::clean(doc)) {
+            Ok(crate::kinds::Checked::HostData(d)) => Ok(Some(d.data)),
+            _ => Ok(None),
         }
     }
 
@@ -457,6 +495,7 @@ impl Metal3Service {
         let d = self
             .host_data(&host, &uid)
             .await
+            .map_err(|e| ReportError::Invalid(e.to_string()))?
             .map_err(ReportError::Invalid)?;
         crate::metal3::configdrive::build(
             &d.meta_data,
@@ -486,7 +525,7 @@ pub struct Claim {
     #[serde(default)]
     pub selector: String,
     pub image: crate::metal3::model::Image,
-    /// cloud-init user data, kept in a Secret `<host>-user-data`.
+    /// cloud-init user data, kept in a Secret `<host>-<consumer>-user-data`.
     #[serde(default)]
     pub user_data: Option<String>,
     /// The consumer's name (`spec.consumerRef.name`).
@@ -553,9 +592,10 @@ impl Metal3Service {
             serde_json::to_value(&c.image).unwrap_or_default(),
         );
         spec.insert("online".into(), Value::Bool(true));
+        let mut made = None;
         if let Some(u) = &c.user_data {
             let secret = crate::metal3::model::DataSecret {
-                key: Key::new(ns.clone(), format!("{}-user-data", row.key.name)),
+                key: claim_secret(&ns, &row.key.name, &c.consumer),
                 data: [("userData".to_string(), u.clone())].into(),
             };
             if u.len() > crate::metal3::model::DATA_MAX_BYTES {
@@ -564,12 +604,21 @@ impl Metal3Service {
                     format!("more than {} bytes", crate::metal3::model::DATA_MAX_BYTES),
                 )));
             }
+            // Before the host names it: a pass in between would find none
+            // (a provisioning error).
             self.put_data_secret(&secret).await?;
             spec.insert("userData".into(), json!({"name": secret.key.name}));
+            made = Some(secret.key);
         }
         // The document still passes BMO's webhook.
         let checked = crate::metal3::model::host(doc)?;
-        self.replace_doc(row, &checked.doc).await?;
+        if let Err(e) = self.replace_doc(row, &checked.doc).await {
+            // Another claim took the host first: this one's Secret goes.
+            if let Some(k) = &made {
+                let _ = self.delete_data_secret(k).await;
+            }
+            return Err(e);
+        }
         Ok(Claimed {
             namespace: row.key.namespace.clone(),
             name: row.key.name.clone(),
@@ -592,11 +641,13 @@ impl Metal3Service {
             )));
         };
         let had_image = spec.remove("image").is_some();
-        let ours = spec
-            .get("consumerRef")
-            .and_then(|c| c.get("kind"))
-            .and_then(Value::as_str)
-            == Some(CLAIM_KIND);
+        let consumer = spec.get("consumerRef");
+        // `claim`'s consumer: the Secret it made goes with it.
+        let ours = (consumer.and_then(|c| c.get("kind")).and_then(Value::as_str)
+            == Some(CLAIM_KIND))
+        .then(|| consumer.and_then(|c| c.get("name")).and_then(Value::as_str))
+        .flatten()
+        .map(|name| claim_secret(&key.namespace, &key.name, name));
         spec.remove("userData");
         spec.remove("customDeploy");
         spec.remove("metaData");
@@ -614,12 +665,8 @@ impl Metal3Service {
             self.replace_doc(&row, &checked.doc).await?;
         }
         // The user data Secret `claim` made goes with its consumer.
-        if done && ours {
-            self.delete_data_secret(&Key::new(
-                key.namespace.clone(),
-                format!("{}-user-data", key.name),
-            ))
-            .await?;
+        if done && let Some(secret) = &ours {
+            self.delete_data_secret(secret).await?;
         }
         Ok(Claimed {
             namespace: key.namespace.clone(),
@@ -631,6 +678,12 @@ impl Metal3Service {
             },
         })
     }
+}
+
+/// The user data Secret of `claim`: one per host and consumer, so that
+/// two claims racing for one host never write each other's.
+fn claim_secret(namespace: &str, host: &str, consumer: &str) -> Key {
+    Key::new(namespace, format!("{host}-{consumer}-user-data"))
 }
 
 /// CAPM3's candidate filter.
@@ -668,7 +721,7 @@ impl Metal3Service {
             return Ok(());
         };
         let (read, spec) = (row.doc.get("spec").cloned(), doc.get("spec").cloned());
-        cluster
+        let copy = cluster
             .edit(ObjKind::BareMetalHost, &row.key, &mut |d| {
                 if d.get("spec") != read.as_ref() {
                     return Err(FieldError::new(
@@ -680,6 +733,15 @@ impl Metal3Service {
                 Ok(())
             })
             .await?;
+        // Stored at once, not when the watch brings it: the next claim
+        // (after this one's lock) must see the host taken.
+        let host = crate::metal3::model::host(copy.item)?;
+        let c = Copy {
+            key: copy.key,
+            item: (host, None),
+            version: copy.version,
+        };
+        self.mirror(Mirrored::One(c), false).await?;
         Ok(())
     }
 
@@ -708,7 +770,17 @@ impl Metal3Service {
             "metadata": {"name": secret.key.name, "namespace": secret.key.namespace},
             "data": data,
         });
-        cluster.apply(ObjKind::Secret, &secret.key, &doc).await?;
+        // Made, never written over: one of the name is not this claim's.
+        if cluster
+            .create(ObjKind::Secret, &secret.key, &doc)
+            .await?
+            .is_none()
+        {
+            return Err(Error::Invalid(FieldError::new(
+                "userData",
+                format!("Secret {} exists already", secret.key),
+            )));
+        }
         Ok(())
     }
 
