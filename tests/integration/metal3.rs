@@ -45,10 +45,15 @@ fn host(d: &Daemon) -> Value {
 
 /// Wait (bounded) for the host's provisioning state; the host as it was.
 fn wait_state(d: &Daemon, want: &str, within: Duration) -> Value {
+    wait_host(d, want, within, || host(d))
+}
+
+/// Wait (bounded) until the host as `read` gives it is in state `want`.
+fn wait_host(d: &Daemon, want: &str, within: Duration, mut read: impl FnMut() -> Value) -> Value {
     let deadline = Instant::now() + within;
     let mut last = Value::Null;
     while Instant::now() < deadline {
-        last = host(d);
+        last = read();
         if last["status"]["provisioning"]["state"] == want {
             return last;
         }
@@ -613,19 +618,7 @@ fn cluster_host(c: &crate::kube::Cluster) -> Value {
 /// Wait (bounded) for the cluster's copy of the host to be in `want`
 /// (its status as tinkerbox wrote it through the status subresource).
 fn wait_cluster_state(c: &crate::kube::Cluster, d: &Daemon, want: &str, secs: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let mut last = Value::Null;
-    while Instant::now() < deadline {
-        last = cluster_host(c);
-        if last["status"]["provisioning"]["state"] == want {
-            return last;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    panic!(
-        "the cluster's host never reached {want:?} within {secs}s: {last:#}\ndaemon log:\n{}",
-        d.log()
-    );
+    wait_host(d, want, Duration::from_secs(secs), || cluster_host(c))
 }
 
 /// Kube mode (`kube.metal3`): tinkerbox is the cluster's BareMetalHost
