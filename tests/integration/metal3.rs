@@ -65,6 +65,19 @@ fn wait_host(d: &Daemon, want: &str, within: Duration, mut read: impl FnMut() ->
     );
 }
 
+/// Wait (bounded) until host node-0 is gone (`exists` says it is not).
+fn wait_gone(d: &Daemon, secs: u64, mut exists: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while exists() {
+        assert!(
+            Instant::now() < deadline,
+            "node-0 was never deleted within {secs}s:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// The environment of the rendered Workflow's first action.
 fn first_action_env(d: &Daemon, workflow: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -334,19 +347,7 @@ stringData: {metaData: "role: worker\n"}
 
     // Deleted: powered off, its parts removed, then gone.
     d.cli_ok(&["delete", "bmh", "node-0"]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let o = d.cli(&["get", "bmh", "node-0", "-o", "json"]);
-        if !o.status.success() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node-0 was never deleted:\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_gone(&d, 60, || d.cli(&["get", "bmh", "node-0"]).status.success());
     assert!(!d.cli(&["get", "hardware", "node-0"]).status.success());
     assert!(
         !d.cli(&["get", "workflow", "node-0-inspect"])
@@ -404,12 +405,7 @@ fn a_host_the_webhook_would_refuse_is_refused_and_a_bad_bmc_is_a_registration_er
     assert!(!h["status"]["errorMessage"].as_str().unwrap().is_empty());
     // Deleted while registering: gone without a power-off.
     d.cli_ok(&["delete", "bmh", "node-0"]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while d.cli(&["get", "bmh", "node-0"]).status.success() {
-        assert!(Instant::now() < deadline, "not deleted");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let _ = json!({});
+    wait_gone(&d, 30, || d.cli(&["get", "bmh", "node-0"]).status.success());
 }
 
 /// `tinkerbox claim` of a host matching `selector` for consumer web-1,
@@ -821,19 +817,12 @@ fn in_kube_mode_kubectl_and_capm3s_patches_take_a_host_through_its_lifecycle() {
     // kubectl delete: held by the finalizer while tinkerbox takes the host
     // down, then gone, and every part with it.
     cluster.kubectl(&["delete", "bmh", "node-0", "--wait=false"], None);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let o = cluster.kubectl_output(&["get", "bmh", "node-0", "-o", "name"], None);
-        if !o.status.success() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node-0 never left the cluster:\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    wait_gone(&d, 90, || {
+        cluster
+            .kubectl_output(&["get", "bmh", "node-0", "-o", "name"], None)
+            .status
+            .success()
+    });
     for (kind, name) in [
         ("hardware", "node-0"),
         ("machines.bmc.tinkerbell.org", "node-0"),

@@ -61,19 +61,6 @@ impl Metal3Service {
         self
     }
 
-    /// Hosts live in the cluster (kube mode): a user changes them there.
-    fn in_cluster(&self, what: &str) -> Result<(), Error> {
-        if self.link.cluster().is_some() {
-            return Err(Error::Invalid(FieldError::new(
-                "",
-                format!(
-                    "BareMetalHosts are the cluster's in kube mode: {what} with kubectl (as CAPM3 does)"
-                ),
-            )));
-        }
-        Ok(())
-    }
-
     /// The Kubernetes mirror's write (`kube::mirror`): the cluster's hosts,
     /// their documents taken (a delete there is a `deletionTimestamp`,
     /// since the controller's finalizer holds it). Their status is the
@@ -86,11 +73,8 @@ impl Metal3Service {
         take_status: bool,
     ) -> Result<(), StoreError> {
         let (copies, replace) = match change {
-            Mirrored::All { items, invalid } => {
-                // An invalid copy keeps its last good one.
-                let keep: Vec<Key> = invalid;
-                (items, Some(keep))
-            }
+            // An invalid copy keeps its last good one.
+            Mirrored::All { items, invalid } => (items, Some(invalid)),
             Mirrored::One(c) => (vec![c], None),
             Mirrored::Gone(key, uid) => {
                 // The object deleted, not a new one of the name made since.
@@ -109,9 +93,9 @@ impl Metal3Service {
                 return Ok(());
             }
         };
-        let mut seen: Vec<Key> = vec![];
+        let mut seen = std::collections::HashSet::new();
         for Copy { key, item, version } in copies {
-            seen.push(key.clone());
+            seen.insert(key.clone());
             if !self
                 .link
                 .newer(ObjKind::BareMetalHost, &key, version.as_deref())
@@ -167,7 +151,6 @@ impl Metal3Service {
     /// A delete: the host is taken down (powered off, its parts removed)
     /// and then goes, as BMO's finalizer does.
     pub async fn delete(&self, key: &Key) -> Result<bool, Error> {
-        self.in_cluster("delete them")?;
         let found = self
             .store
             .mark_host_deleted(key, &rfc3339(now_ms()))
