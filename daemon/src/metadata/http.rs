@@ -135,13 +135,7 @@ async fn caller(
     }
     // Only Hardware IPs make cache entries.
     let snap = app.inventory.snapshot();
-    if let Some((m, iface)) = snap.by_ip(&ip) {
-        return Ok((ip, meta.cache.entry(ip, m, iface)));
-    }
-    if let Some(mac) = pool_mac(app, ip).await
-        && let Some((m, iface)) = snap.by_mac(&mac)
-        && iface.address.is_none()
-    {
+    if let Some((m, iface)) = who(app, &snap, ip).await {
         return Ok((ip, meta.cache.entry(ip, m, iface)));
     }
     Err(refuse(
@@ -149,6 +143,25 @@ async fn caller(
         StatusCode::NOT_FOUND,
         format!("no Hardware has IP {ip}"),
     ))
+}
+
+/// The Hardware interface the caller at `ip` is: the one with that
+/// address, else (with the discovery pool on) one with no address of its
+/// own (a BareMetalHost's) whose MAC the unexpired pool lease of `ip`
+/// names.
+async fn who<'s>(
+    app: &App,
+    snap: &'s crate::inventory::Snapshot,
+    ip: IpAddr,
+) -> Option<(
+    &'s Arc<crate::hardware::Machine>,
+    &'s crate::hardware::Interface,
+)> {
+    if let Some(found) = snap.by_ip(&ip) {
+        return Some(found);
+    }
+    let mac = pool_mac(app, ip).await?;
+    snap.by_mac(&mac).filter(|(_, i)| i.address.is_none())
 }
 
 /// The MAC whose discovery-pool lease holds `ip` now, if the pool is on:
@@ -242,14 +255,7 @@ async fn new_token(
         }
     };
     let ip = client_ip(peer.ip(), &headers, trusted);
-    let known = app.inventory.snapshot().by_ip(&ip).is_some()
-        || pool_mac(app, ip).await.is_some_and(|mac| {
-            app.inventory
-                .snapshot()
-                .by_mac(&mac)
-                .is_some_and(|(_, i)| i.address.is_none())
-        });
-    if !known {
+    if who(app, &app.inventory.snapshot(), ip).await.is_none() {
         return reject(
             app,
             StatusCode::NOT_FOUND,
