@@ -35,6 +35,26 @@ pub struct Config {
     pub log: LogConfig,
     pub kube: KubeConfig,
     pub discovery: DiscoveryConfig,
+    pub cleaning: CleaningConfig,
+}
+
+/// Cleaning on release (`cleaning/`): Hardware that CAPT gives back is
+/// held, its disks wiped, then given back.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CleaningConfig {
+    pub on_release: CleaningMode,
+}
+
+/// A BareMetalHost's `automatedCleaningMode` values, for Hardware.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CleaningMode {
+    /// Given back as CAPT leaves it (upstream's behaviour).
+    #[default]
+    Disabled,
+    /// Every disk's partition tables and signatures wiped first.
+    Metadata,
 }
 
 /// Zero-touch: machines nobody entered are leased an address from a pool
@@ -482,6 +502,7 @@ impl Default for Config {
             log: LogConfig::default(),
             kube: KubeConfig::default(),
             discovery: DiscoveryConfig::default(),
+            cleaning: CleaningConfig::default(),
         }
     }
 }
@@ -667,6 +688,15 @@ impl Config {
             return bad(
                 "kube.metal3",
                 "BareMetalHosts are carried out with tinkerbox's own Workflows and BMC jobs: kube.tink and kube.rufio must be \"native\"",
+            );
+        }
+        if self.kube.enabled
+            && self.cleaning.on_release != CleaningMode::Disabled
+            && (self.kube.tink != Role::Native || self.kube.rufio != Role::Native)
+        {
+            return bad(
+                "cleaning.on_release",
+                "the cleaning is a tinkerbox Workflow netbooted by its BMC jobs: kube.tink and kube.rufio must be \"native\"",
             );
         }
         if self.events.queue == 0 {
@@ -983,7 +1013,7 @@ mod tests {
             .collect::<Vec<_>>()
             .join("\n");
         let sections = uncommented.lines().filter(|l| l.starts_with('[')).count();
-        assert_eq!(sections, 12, "every section shown:\n{uncommented}");
+        assert_eq!(sections, 13, "every section shown:\n{uncommented}");
         let c = load(&uncommented, &[], &[]).unwrap();
         assert_eq!(c, Config::default());
     }
@@ -1071,6 +1101,18 @@ mod tests {
                 &[],
                 &[],
                 "config key kube.metal3",
+            ),
+            (
+                "[kube]\nenabled = true\ntink = \"external\"\n[cleaning]\non_release = \"metadata\"\n",
+                &[],
+                &[],
+                "config key cleaning.on_release",
+            ),
+            (
+                "[cleaning]\non_release = \"secure\"\n",
+                &[],
+                &[],
+                "cleaning.on_release",
             ),
             (
                 "[dhcp]\nthreads = 65\n",
@@ -1192,6 +1234,9 @@ mod tests {
                 enroll: true,
                 max_hardware: 50,
                 max_per_minute: 10,
+            },
+            cleaning: CleaningConfig {
+                on_release: CleaningMode::Metadata,
             },
         }
     }

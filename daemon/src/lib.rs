@@ -6,6 +6,7 @@
 pub mod api;
 pub mod app;
 pub mod bmc;
+pub mod cleaning;
 pub mod cli;
 pub mod clock;
 pub mod config;

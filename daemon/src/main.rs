@@ -271,6 +271,9 @@ enum KubeCommand {
         /// BareMetalHosts (kube.metal3): tinkerbox is their operator, and makes their parts
         #[arg(long)]
         metal3: bool,
+        /// Cleaning on release ([cleaning] on_release): hold released Hardware, make its cleaning Workflow
+        #[arg(long)]
+        cleaning: bool,
         #[arg(long, value_name = "NAME", default_value = "tinkerbox")]
         service_account: String,
         /// The ServiceAccount's namespace
@@ -667,6 +670,7 @@ async fn kube(args: &Args, command: &KubeCommand) -> anyhow::Result<()> {
             tink,
             zero_touch,
             metal3,
+            cleaning,
             service_account,
             sa_namespace,
         } => {
@@ -676,6 +680,7 @@ async fn kube(args: &Args, command: &KubeCommand) -> anyhow::Result<()> {
                     rufio: *rufio,
                     zero_touch: *zero_touch,
                     metal3: *metal3,
+                    cleaning: *cleaning,
                 },
                 namespace: namespace.clone(),
                 service_account: service_account.clone(),

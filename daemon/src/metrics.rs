@@ -62,6 +62,8 @@ pub struct Metrics {
     pub discovered: Family<ResultLabels, Counter>,
     /// Enrollment's outcomes for agents with no Workflow.
     pub enrollments: Family<ResultLabels, Counter>,
+    /// Cleaning on release (`[cleaning]`): started, cleaned, failed, skipped.
+    pub release_cleanings: Family<ResultLabels, Counter>,
     /// Workflows that reached a state, by state.
     pub workflow_states: Family<StateLabels, Counter>,
     /// Kubernetes mode: 1 while every watch is current.
@@ -159,6 +161,7 @@ impl Metrics {
             workflow_actions: Family::default(),
             discovered: Family::default(),
             enrollments: Family::default(),
+            release_cleanings: Family::default(),
             workflow_states: Family::default(),
             kube_connected: Gauge::default(),
             kube_sync_age_seconds: Gauge::default(),
@@ -300,6 +303,11 @@ impl Metrics {
             "enrollments",
             "Agents with no Workflow, by what enrollment did: created, no_match, disabled, refused, failed",
             m.enrollments.clone(),
+        );
+        registry.register(
+            "release_cleanings",
+            "Cleanings of Hardware CAPT released, by outcome: started, cleaned, failed, skipped",
+            m.release_cleanings.clone(),
         );
         registry.register(
             "workflow_states",

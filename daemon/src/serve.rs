@@ -58,6 +58,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // writer ends only when the last one is gone.
         let (app, poll) = (app.clone(), config.bmc.poll_interval);
         let inventory_every = config.bmc.inventory_interval;
+        let cleaning = config.cleaning.on_release != crate::config::CleaningMode::Disabled;
         let supervisor = client
             .clone()
             .map(|client| crate::kube::supervisor::run::Supervisor {
@@ -67,6 +68,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     rufio: config.kube.rufio,
                     zero_touch: config.discovery.enabled || config.discovery.enroll,
                     metal3: metal3_in_cluster,
+                    cleaning,
                 },
                 events: app.events.clone(),
             });
@@ -98,6 +100,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     app.store.clone(),
                     app.services.clone(),
                     app.http_base(),
+                );
+                t.push(tokio::spawn(c.run()));
+            }
+            // Hardware CAPT releases: cleaned with both engines' parts.
+            if tink && rufio && cleaning {
+                let c = crate::cleaning::controller::Controller::new(
+                    app.store.clone(),
+                    app.services.clone(),
                 );
                 t.push(tokio::spawn(c.run()));
             }

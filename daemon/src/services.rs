@@ -210,6 +210,39 @@ impl HardwareService {
         Ok(set)
     }
 
+    /// One step of a Hardware's cleaning on release (`cleaning`): the
+    /// change to its labels and annotations, checked against what the
+    /// step was decided on (a change in between refuses, and the caller
+    /// decides again), then its event and count.
+    pub async fn cleaning_step(
+        &self,
+        key: &Key,
+        expected: &crate::cleaning::Seen,
+        step: &crate::cleaning::Step,
+        run: &str,
+    ) -> Result<(), Error> {
+        use crate::cleaning::{Skip, Step};
+        self.update(key, |d| crate::cleaning::edit(d, expected, step, run))
+            .await?;
+        let (result, message) = match step {
+            Step::Hold => ("started", "released by its owner: held and netbooted to wipe its disks".to_string()),
+            Step::Finish => ("cleaned", "its disks wiped: given back".to_string()),
+            Step::Fail(m) => ("failed", format!("cleaning failed, still held: {m}")),
+            Step::Unmark(Skip::Unbootable(why)) => ("skipped", format!("released uncleaned: {why}")),
+            Step::Unmark(Skip::GivenBack) => ("skipped", "given back uncleaned (the hold was removed)".to_string()),
+            Step::Mark | Step::Start | Step::Nothing => return Ok(()),
+        };
+        self.metrics
+            .release_cleanings
+            .get_or_create(&crate::metrics::ResultLabels { result })
+            .inc();
+        self.events.record(
+            Event::new(Kind::HardwareCleaning, format!("Hardware {key} {message}"))
+                .machine(key.clone()),
+        );
+        Ok(())
+    }
+
     /// Rufio's out-of-band inventory of Hardware `key`, into
     /// `status.attributes.outOfBand` (in kube mode: the cluster's status,
     /// which the watch brings back).

@@ -127,6 +127,10 @@ pub enum Kind {
     /// A WorkflowRuleSet enrolled an agent (or enrollment failed).
     #[serde(rename = "discovery.enrolled")]
     DiscoveryEnrolled,
+    /// A Hardware CAPT released was held for cleaning, cleaned and given
+    /// back, failed to clean, or given back uncleaned.
+    #[serde(rename = "hardware.cleaning")]
+    HardwareCleaning,
     /// A BareMetalHost's provisioning state changed.
     #[serde(rename = "metal3.state")]
     Metal3State,
@@ -146,6 +150,7 @@ impl Kind {
             Kind::HardwareUpdated => "hardware.updated",
             Kind::HardwareDeleted => "hardware.deleted",
             Kind::HardwareConflict => "hardware.conflict",
+            Kind::HardwareCleaning => "hardware.cleaning",
             Kind::KubeInvalid => "kube.invalid",
             Kind::KubeSynced => "kube.synced",
             Kind::KubeDisconnected => "kube.disconnected",

@@ -245,6 +245,8 @@ pub struct Roles {
     pub zero_touch: bool,
     /// tinkerbox is the BareMetalHost operator (`kube.metal3`).
     pub metal3: bool,
+    /// Hardware CAPT releases is cleaned (`cleaning.on_release`).
+    pub cleaning: bool,
 }
 
 impl Default for Roles {
@@ -254,9 +256,19 @@ impl Default for Roles {
             rufio: Mode::Native,
             zero_touch: false,
             metal3: false,
+            cleaning: false,
         }
     }
 }
+
+/// Cleaning on release (`[cleaning]`): the hold on a Hardware CAPT
+/// released (Tink native's Hardware grant), and the cleaning's Template
+/// and Workflow made and removed.
+pub const CLEANING: &[Grant] = &[Grant {
+    group: "tinkerbell.org",
+    resources: &["templates", "workflows"],
+    verbs: &["create", "delete", "update", "patch"],
+}];
 
 /// The grants that apply to `roles`, in table order.
 pub fn grants(roles: Roles) -> Vec<&'static Grant> {
@@ -272,6 +284,9 @@ pub fn grants(roles: Roles) -> Vec<&'static Grant> {
     }
     if roles.metal3 {
         g.extend(METAL3);
+    }
+    if roles.cleaning {
+        g.extend(CLEANING);
     }
     if roles.tink == Mode::External || roles.rufio == Mode::External {
         g.extend(SUPERVISOR);
@@ -488,6 +503,7 @@ mod tests {
             rufio,
             zero_touch: false,
             metal3: false,
+            cleaning: false,
         }
     }
 
@@ -596,6 +612,24 @@ mod tests {
         }
         assert!(allows(&plain, TB, "workflowrulesets", "watch"));
         assert!(!allows(&zero, TB, "templates", "create"));
+    }
+
+    #[test]
+    fn cleaning_adds_its_templates_and_workflows_and_no_more() {
+        let plain = rules(Roles::default());
+        let c = rules(Roles {
+            cleaning: true,
+            ..Roles::default()
+        });
+        for res in ["templates", "workflows"] {
+            for verb in ["create", "delete", "patch"] {
+                assert!(!allows(&plain, TB, res, verb), "{res} {verb}");
+                assert!(allows(&c, TB, res, verb), "{res} {verb}");
+            }
+        }
+        // The hold: Tink native's write on Hardware, no create or delete.
+        assert!(allows(&c, TB, "hardware", "patch"));
+        assert!(!allows(&c, TB, "hardware", "delete"));
     }
 
     #[test]

@@ -302,7 +302,7 @@ impl Controller {
         }
         Ok(match w.status.state {
             WfState::Success => Run::Succeeded,
-            WfState::Failed | WfState::Timeout => Run::Failed(failure(&w.status)),
+            WfState::Failed | WfState::Timeout => Run::Failed(w.status.failure()),
             _ => Run::Running,
         })
     }
@@ -534,27 +534,6 @@ fn job_key(host: &Host, what: &str) -> Key {
         host.key.namespace.clone(),
         format!("{}-{what}", host.key.name),
     )
-}
-
-/// Why a Workflow failed, from its first failed action or its conditions.
-fn failure(s: &crate::workflow::model::Status) -> String {
-    for t in &s.tasks {
-        for a in &t.actions {
-            if matches!(a.state, WfState::Failed | WfState::Timeout) {
-                return format!(
-                    "action {:?} {}: {}",
-                    a.name,
-                    a.state.as_str(),
-                    a.message.as_deref().unwrap_or("")
-                );
-            }
-        }
-    }
-    s.conditions
-        .iter()
-        .find(|c| c.status == "False")
-        .and_then(|c| c.message.clone())
-        .unwrap_or_else(|| format!("the Workflow ended {}", s.state.as_str()))
 }
 
 /// 128 random bits.

@@ -479,6 +479,32 @@ impl Store {
             .collect()
     }
 
+    /// The Hardware with label `label` or annotation `annotation` (cleaning
+    /// on release: claimed, or with a cleaning phase), matched in SQLite so
+    /// that a pass over a large inventory parses only these.
+    pub async fn list_labelled(
+        &self,
+        label: &str,
+        annotation: &str,
+    ) -> Result<Vec<Value>, StoreError> {
+        let path = |section: &str, name: &str| format!("$.metadata.{section}.\"{name}\"");
+        let rows: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT namespace, name, doc FROM hardware \
+             WHERE json_extract(doc, ?1) IS NOT NULL OR json_extract(doc, ?2) IS NOT NULL \
+             ORDER BY namespace, name",
+        )
+        .bind(path("labels", label))
+        .bind(path("annotations", annotation))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(ns, n, d)| {
+                serde_json::from_str(&d)
+                    .map_err(|e| StoreError::Corrupt(Key::new(ns, n), e.to_string()))
+            })
+            .collect()
+    }
+
     /// True when something was deleted.
     pub async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         let r = sqlx::query("DELETE FROM hardware WHERE namespace = ? AND name = ?")

@@ -264,6 +264,30 @@ pub struct Milestones {
 }
 
 impl Status {
+    /// Why a Workflow failed, for a caller that reports it: its first
+    /// failed action, else a False condition's message, else its state.
+    pub fn failure(&self) -> String {
+        self.tasks
+            .iter()
+            .flat_map(|t| &t.actions)
+            .find(|a| matches!(a.state, State::Failed | State::Timeout))
+            .map(|a| {
+                format!(
+                    "action {:?} {}: {}",
+                    a.name,
+                    a.state.as_str(),
+                    a.message.as_deref().unwrap_or("")
+                )
+            })
+            .or_else(|| {
+                self.conditions
+                    .iter()
+                    .find(|c| c.status == "False")
+                    .and_then(|c| c.message.clone())
+            })
+            .unwrap_or_else(|| format!("the Workflow ended {}", self.state.as_str()))
+    }
+
     pub fn milestones(&self) -> Milestones {
         Milestones {
             state: self.state,

@@ -316,6 +316,7 @@ pub(crate) mod fixtures {
         rufio: Role::External,
         zero_touch: false,
         metal3: false,
+        cleaning: false,
     };
 }
 
@@ -337,6 +338,7 @@ mod tests {
             rufio: Role::Native,
             zero_touch: false,
             metal3: false,
+            cleaning: false,
         };
         let p = plan(&owner(), Some(&json!({})), rufio_native).unwrap();
         let on: Vec<_> = p.components.iter().map(|(c, _)| *c).collect();
@@ -378,6 +380,7 @@ mod tests {
             rufio: Role::Native,
             zero_touch: false,
             metal3: false,
+            cleaning: false,
         };
         let r = refused(json!({"rufio": {"enabled": true}}), native);
         assert_eq!(r.reason(), "Conflict");
