@@ -225,11 +225,19 @@ impl HardwareService {
         self.update(key, |d| crate::cleaning::edit(d, expected, step, run))
             .await?;
         let (result, message) = match step {
-            Step::Hold => ("started", "released by its owner: held and netbooted to wipe its disks".to_string()),
+            Step::Hold => (
+                "started",
+                "released by its owner: held and netbooted to wipe its disks".to_string(),
+            ),
             Step::Finish => ("cleaned", "its disks wiped: given back".to_string()),
             Step::Fail(m) => ("failed", format!("cleaning failed, still held: {m}")),
-            Step::Unmark(Skip::Unbootable(why)) => ("skipped", format!("released uncleaned: {why}")),
-            Step::Unmark(Skip::GivenBack) => ("skipped", "given back uncleaned (the hold was removed)".to_string()),
+            Step::Unmark(Skip::Unbootable(why)) => {
+                ("skipped", format!("released uncleaned: {why}"))
+            }
+            Step::Unmark(Skip::GivenBack) => (
+                "skipped",
+                "given back uncleaned (the hold was removed)".to_string(),
+            ),
             Step::Mark | Step::Start | Step::Nothing => return Ok(()),
         };
         self.metrics

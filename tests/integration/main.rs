@@ -6,6 +6,7 @@ mod bmc_ipmi;
 mod bmc_jobs;
 mod bmc_redfish;
 mod boot;
+mod cleaning;
 mod common;
 mod daemon;
 mod dhcp;

@@ -117,7 +117,9 @@ impl Controller {
                 return Err(crate::services::Error::Invalid(
                     crate::hardware::FieldError::new(
                         "metadata.name",
-                        format!("{k} exists and is not a release cleaning: it is left alone, and {key} stays held"),
+                        format!(
+                            "{k} exists and is not a release cleaning: it is left alone, and {key} stays held"
+                        ),
                     ),
                 ));
             }
@@ -170,7 +172,9 @@ impl Controller {
 fn key_of(doc: &Value) -> Option<Key> {
     let m = doc.get("metadata")?;
     Some(Key::new(
-        m.get("namespace").and_then(Value::as_str).unwrap_or("default"),
+        m.get("namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default"),
         m.get("name").and_then(Value::as_str)?,
     ))
 }

@@ -115,7 +115,8 @@ pub fn seen(doc: &Value) -> Seen {
         Some(HOLDER) => Owner::Holder,
         Some(_) => Owner::Other,
     };
-    let phase = label(doc, "annotations", PHASE).map(|v| Phase::parse(v).unwrap_or(Phase::Disabled));
+    let phase =
+        label(doc, "annotations", PHASE).map(|v| Phase::parse(v).unwrap_or(Phase::Disabled));
     Seen {
         owner,
         phase,
@@ -232,7 +233,7 @@ fn set(doc: &mut Value, section: &str, name: &str, value: Option<&str>) {
 /// The change `step` makes to the Hardware (`run`: a new run's id, for
 /// [`Step::Hold`]), checked against what was `expected` when the step was
 /// decided: another writer's change in between refuses, and the next
-/// pass decides again. None: the step changes no document.
+/// pass decides again.
 pub fn edit(doc: &mut Value, expected: &Seen, step: &Step, run: &str) -> Result<(), FieldError> {
     if seen(doc) != *expected {
         return Err(FieldError::new(
@@ -240,31 +241,32 @@ pub fn edit(doc: &mut Value, expected: &Seen, step: &Step, run: &str) -> Result<
             "the Hardware changed since it was read",
         ));
     }
-    let (owner, phase, run, error): (Option<Option<&str>>, Option<&str>, Option<&str>, Option<&str>) =
-        match step {
-            Step::Nothing | Step::Start => return Ok(()),
-            Step::Mark => (None, Some(Phase::Claimed.as_str()), None, None),
-            Step::Hold => (
-                Some(Some(HOLDER)),
-                Some(Phase::Cleaning.as_str()),
-                Some(run),
-                None,
-            ),
-            Step::Fail(m) => (None, Some(Phase::Failed.as_str()), expected.run.as_deref(), Some(m)),
-            Step::Finish | Step::Unmark(_) => (Some(None), None, None, None),
-        };
-    if let Some(o) = owner {
-        // CAPT's namespace label, when a user's edit left it, goes too.
-        if o.is_none() {
+    // The annotations after the step (None: removed).
+    let (phase, run, error) = match step {
+        Step::Nothing | Step::Start => return Ok(()),
+        Step::Mark => (Some(Phase::Claimed), None, None),
+        Step::Hold => (Some(Phase::Cleaning), Some(run), None),
+        Step::Fail(m) => (
+            Some(Phase::Failed),
+            expected.run.as_deref(),
+            Some(m.as_str()),
+        ),
+        Step::Finish | Step::Unmark(_) => (None, None, None),
+    };
+    match step {
+        Step::Hold => set(doc, "labels", OWNER_NAME, Some(HOLDER)),
+        Step::Finish | Step::Unmark(_) => {
+            // CAPT's namespace label, when a user's edit left it, goes too.
             set(doc, "labels", OWNER_NAMESPACE, None);
+            if expected.owner == Owner::Holder {
+                set(doc, "labels", OWNER_NAME, None);
+            }
         }
-        if o.is_some() || expected.owner == Owner::Holder {
-            set(doc, "labels", OWNER_NAME, o);
-        }
+        _ => {}
     }
-    set(doc, "annotations", PHASE, phase);
+    set(doc, "annotations", PHASE, phase.map(Phase::as_str));
     set(doc, "annotations", RUN, run);
-    // The failure's message is 1 KiB at most: a label is no log.
+    // The failure's message is 1 KiB at most: an annotation is no log.
     let error = error.map(|m| match m.char_indices().nth(1024) {
         Some((i, _)) => &m[..i],
         None => m,
@@ -275,7 +277,10 @@ pub fn edit(doc: &mut Value, expected: &Seen, step: &Step, run: &str) -> Result<
 
 /// The cleaning Template's and Workflow's name.
 pub fn key(hw: &Key) -> Key {
-    Key::new(hw.namespace.clone(), format!("{}-release-cleaning", hw.name))
+    Key::new(
+        hw.namespace.clone(),
+        format!("{}-release-cleaning", hw.name),
+    )
 }
 
 /// Whether a Template or Workflow is one of tinkerbox's cleanings (not a
@@ -344,7 +349,8 @@ mod tests {
             "spec": {"interfaces": [{"dhcp": {"mac": "52:54:00:AA:00:01"}}]},
         });
         if bmc {
-            d["spec"]["bmcRef"] = json!({"apiGroup": "bmc.tinkerbell.org", "kind": "Machine", "name": "bmc-1"});
+            d["spec"]["bmcRef"] =
+                json!({"apiGroup": "bmc.tinkerbell.org", "kind": "Machine", "name": "bmc-1"});
         }
         d
     }
@@ -383,12 +389,19 @@ mod tests {
 
     #[test]
     fn a_failure_holds_it_until_the_user_retries_or_gives_it_back() {
-        let mut d = hw(json!({OWNER_NAME: HOLDER}), json!({PHASE: "cleaning", RUN: "9"}), true);
+        let mut d = hw(
+            json!({OWNER_NAME: HOLDER}),
+            json!({PHASE: "cleaning", RUN: "9"}),
+            true,
+        );
         let m = "action \"wipe disks\" FAILED: x".repeat(100);
         assert_eq!(step(&mut d, &Run::Failed(m.clone())), Step::Fail(m));
         assert_eq!(d["metadata"]["annotations"][PHASE], "failed");
         assert_eq!(d["metadata"]["annotations"][RUN], "9");
-        assert_eq!(d["metadata"]["annotations"][ERROR].as_str().unwrap().len(), 1024);
+        assert_eq!(
+            d["metadata"]["annotations"][ERROR].as_str().unwrap().len(),
+            1024
+        );
         assert_eq!(step(&mut d, &Run::None), Step::Nothing);
         // retry: a new run.
         d["metadata"]["annotations"][PHASE] = json!("retry");
@@ -420,7 +433,10 @@ mod tests {
         // No BMC to boot it: released as CAPT leaves it.
         let mut d = hw(json!({}), json!({PHASE: "claimed"}), false);
         let st = step(&mut d, &Run::None);
-        assert!(matches!(st, Step::Unmark(Skip::Unbootable(w)) if w.contains("bmcRef")), "{st:?}");
+        assert!(
+            matches!(st, Step::Unmark(Skip::Unbootable(w)) if w.contains("bmcRef")),
+            "{st:?}"
+        );
         assert_eq!(d["metadata"]["annotations"], json!({}));
         // Claimed again while held (a user's label): the cleaning dropped.
         let mut d = hw(capt(), json!({PHASE: "cleaning", RUN: "9"}), true);
@@ -477,6 +493,9 @@ mod tests {
         let r: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(r["tasks"][0]["worker"], "52:54:00:aa:00:01");
         assert_eq!(r["tasks"][0]["actions"][0]["name"], "wipe disks");
-        assert_eq!(r["tasks"][0]["actions"][0]["environment"]["MODE"], "metadata");
+        assert_eq!(
+            r["tasks"][0]["actions"][0]["environment"]["MODE"],
+            "metadata"
+        );
     }
 }
