@@ -23,6 +23,8 @@ pub struct App {
     pub inventory: Arc<Inventory>,
     pub events: EventSink,
     pub event_log: EventLog,
+    /// Events as they are stored, for the web UI's live pages.
+    pub feed: crate::events::Feed,
     pub metrics: Arc<Metrics>,
     pub services: Arc<Services>,
     /// Kubernetes mode: whether the mirror is current. `None` in host mode.

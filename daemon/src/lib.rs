@@ -32,6 +32,7 @@ pub mod syslog;
 pub mod tftp;
 pub mod token;
 pub mod udp;
+pub mod ui;
 pub mod workflow;
 
 /// The upstream fixtures (CRDs, Templates, examples) the unit tests read:

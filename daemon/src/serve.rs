@@ -261,9 +261,11 @@ async fn open(
         .with_context(|| format!("opening {}", config.events_path().display()))?;
     let metrics = Arc::new(Metrics::new());
     let (sink, rx) = events::channel(config.events.queue, metrics.clone());
+    let feed = events::Feed::default();
     let writer = events::spawn_writer(
         rx,
         event_log.clone(),
+        feed.clone(),
         metrics.clone(),
         config.events.per_machine,
         config.events.max_age,
@@ -316,6 +318,7 @@ async fn open(
         inventory,
         events: sink,
         event_log,
+        feed,
         metrics,
         services,
         kube: config.kube.enabled.then(|| {
@@ -430,7 +433,14 @@ async fn listen(app: &Arc<App>, token: Arc<str>) -> anyhow::Result<Running> {
         }
     };
 
-    let api_app = api::router(app.clone(), token);
+    // The web UI beside the admin API, on its listener (its own login:
+    // the API's bearer check does not cover it).
+    let tls = config.api.tls_cert.is_some() && config.api.tls_key.is_some();
+    let api_app = api::router(app.clone(), token.clone()).merge(crate::ui::router(
+        app.clone(),
+        token,
+        tls,
+    ));
     let api_handle = axum_server::Handle::<std::net::SocketAddr>::new();
     let api_task = match (&config.api.tls_cert, &config.api.tls_key) {
         (Some(cert), Some(key)) => {

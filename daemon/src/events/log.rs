@@ -78,6 +78,32 @@ const MACHINE_EVENTS: &str = concat!(
 /// Rows per multi-row event INSERT, largest first (8 binds a row).
 const EVENT_CHUNKS: [usize; 8] = [128, 64, 32, 16, 8, 4, 2, 1];
 
+fn rfc3339(ts_ms: i64) -> String {
+    let time = UNIX_EPOCH + Duration::from_millis(ts_ms.max(0) as u64);
+    humantime::format_rfc3339_millis(time).to_string()
+}
+
+impl EventRow {
+    /// `e` as it reads back once stored as row `id`.
+    pub fn stored(id: i64, e: &Event) -> EventRow {
+        let (namespace, name) = match &e.machine {
+            Some(k) => (Some(k.namespace.clone()), Some(k.name.clone())),
+            None => (None, None),
+        };
+        EventRow {
+            id,
+            time: rfc3339(e.ts_ms),
+            namespace,
+            name,
+            mac: e.mac.map(|m| m.to_string()),
+            ip: e.ip.map(|i| i.to_string()),
+            kind: e.kind.as_str().to_string(),
+            message: e.message.clone(),
+            fields: e.fields.as_deref().and_then(|f| serde_json::from_str(f).ok()),
+        }
+    }
+}
+
 /// A stored event as read back.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct EventRow {
@@ -202,13 +228,14 @@ impl EventLog {
     /// Append a batch of events in one transaction, then trim the given
     /// machines (`None`: the events that name none) to their `per_machine`
     /// newest rows. Which machines need trimming is the caller's choice
-    /// (see [`crate::events::writer`]).
+    /// (see [`crate::events::writer`]). Returns the last row's id: the
+    /// one writer appends, so the batch has the ids just before it.
     pub async fn insert(
         &self,
         batch: &[Event],
         trim: &[Option<Key>],
         per_machine: u32,
-    ) -> Result<(), Error> {
+    ) -> Result<i64, Error> {
         let mut tx = self.write.begin_with("BEGIN IMMEDIATE").await?;
         // Multi-row INSERTs, in chunks of power-of-two sizes so that a few
         // prepared statements (cached per connection) serve every batch.
@@ -240,6 +267,9 @@ impl EventLog {
             });
             q.build().persistent(true).execute(&mut *tx).await?;
         }
+        let last: i64 = sqlx::query_scalar("SELECT last_insert_rowid()")
+            .fetch_one(&mut *tx)
+            .await?;
         for k in trim {
             let (ns, name) = match k {
                 Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
@@ -254,7 +284,7 @@ impl EventLog {
                 .await?;
         }
         tx.commit().await?;
-        Ok(())
+        Ok(last)
     }
 
     /// Trim every machine's events (and those naming none) to the
@@ -320,22 +350,18 @@ impl EventLog {
             .await?;
         let mut out: Vec<EventRow> = rows
             .into_iter()
-            .map(|r| {
-                let ts: i64 = r.get(1);
-                let time = UNIX_EPOCH + Duration::from_millis(ts.max(0) as u64);
-                EventRow {
-                    id: r.get(0),
-                    time: humantime::format_rfc3339_millis(time).to_string(),
-                    namespace: r.get(2),
-                    name: r.get(3),
-                    mac: r.get(4),
-                    ip: r.get(5),
-                    kind: r.get(6),
-                    message: r.get(7),
-                    fields: r
-                        .get::<Option<String>, _>(8)
-                        .and_then(|f| serde_json::from_str(&f).ok()),
-                }
+            .map(|r| EventRow {
+                id: r.get(0),
+                time: rfc3339(r.get(1)),
+                namespace: r.get(2),
+                name: r.get(3),
+                mac: r.get(4),
+                ip: r.get(5),
+                kind: r.get(6),
+                message: r.get(7),
+                fields: r
+                    .get::<Option<String>, _>(8)
+                    .and_then(|f| serde_json::from_str(&f).ok()),
             })
             .collect();
         out.reverse();

@@ -255,6 +255,43 @@ impl Event {
     }
 }
 
+/// Events as they are stored, to whoever listens (the web UI's live
+/// pages): the writer publishes each batch it committed, with its ids,
+/// only while someone subscribes, so no listener costs the writer a row.
+/// A listener that falls [`FEED_BATCHES`] batches behind is told so
+/// (`Lagged`) and reads the rest from the log.
+#[derive(Clone)]
+pub struct Feed(tokio::sync::broadcast::Sender<Arc<[log::EventRow]>>);
+
+/// Batches a listener may fall behind by.
+pub const FEED_BATCHES: usize = 256;
+
+impl Default for Feed {
+    fn default() -> Self {
+        Feed(tokio::sync::broadcast::Sender::new(FEED_BATCHES))
+    }
+}
+
+impl Feed {
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<[log::EventRow]>> {
+        self.0.subscribe()
+    }
+
+    /// The batch `buf`, stored with ids up to `last`.
+    fn publish(&self, last: i64, buf: &[Event]) {
+        if self.0.receiver_count() == 0 || buf.is_empty() {
+            return;
+        }
+        let first = last - buf.len() as i64 + 1;
+        let rows: Arc<[log::EventRow]> = buf
+            .iter()
+            .enumerate()
+            .map(|(i, e)| log::EventRow::stored(first + i as i64, e))
+            .collect();
+        let _ = self.0.send(rows);
+    }
+}
+
 #[derive(Clone)]
 pub struct EventSink {
     tx: mpsc::Sender<Event>,
@@ -348,6 +385,7 @@ impl Trimmer {
 pub fn spawn_writer(
     rx: mpsc::Receiver<Event>,
     log: EventLog,
+    feed: Feed,
     metrics: Arc<Metrics>,
     per_machine: u32,
     max_age: Duration,
@@ -360,7 +398,7 @@ pub fn spawn_writer(
         .name("events".into())
         .spawn(move || {
             crate::priority::lower_this_thread();
-            rt.block_on(writer(rx, log, metrics, per_machine, max_age));
+            rt.block_on(writer(rx, log, feed, metrics, per_machine, max_age));
             let _ = done.send(());
         })?;
     Ok(finished)
@@ -373,6 +411,7 @@ pub fn spawn_writer(
 pub async fn writer(
     mut rx: mpsc::Receiver<Event>,
     log: EventLog,
+    feed: Feed,
     metrics: Arc<Metrics>,
     per_machine: u32,
     max_age: Duration,
@@ -406,8 +445,9 @@ pub async fn writer(
                 let n = buf.len();
                 let due = trimmer.count(&buf);
                 match log.insert(&buf, &due, per_machine).await {
-                    Ok(()) => {
+                    Ok(last) => {
                         metrics.events_written.inc_by(n as u64);
+                        feed.publish(last, &buf);
                     }
                     Err(e) => {
                         metrics.events_dropped.inc_by(n as u64);
@@ -505,7 +545,7 @@ mod tests {
         let m = Arc::new(Metrics::new());
         let (sink, rx) = channel(100, m.clone());
         let done =
-            spawn_writer(rx, store.clone(), m.clone(), 10, Duration::from_secs(3600)).unwrap();
+            spawn_writer(rx, store.clone(), Feed::default(), m.clone(), 10, Duration::from_secs(3600)).unwrap();
         sink.record(Event::new(Kind::Test, "one"));
         for _ in 0..200 {
             if m.events_written.get() == 1 {
@@ -541,8 +581,25 @@ mod tests {
         }
         sink.record(Event::new(Kind::Test, "stray"));
         drop(sink);
-        writer(rx, store.clone(), m.clone(), 10, Duration::from_secs(3600)).await;
+        let feed = Feed::default();
+        let mut listener = feed.subscribe();
+        writer(rx, store.clone(), feed, m.clone(), 10, Duration::from_secs(3600)).await;
         assert_eq!(m.events_written.get(), 51);
+        // The feed had every event, with the id it was stored under.
+        let mut fed = vec![];
+        while let Ok(batch) = listener.try_recv() {
+            fed.extend(batch.iter().cloned());
+        }
+        let stored = store
+            .query(&EventQuery {
+                machine: None,
+                after: None,
+                limit: 100,
+            })
+            .await
+            .unwrap();
+        assert_eq!(fed.len(), 51);
+        assert_eq!(fed, stored);
         let q = EventQuery {
             machine: Some(k),
             after: None,
@@ -552,7 +609,7 @@ mod tests {
         assert_eq!(store.query(&q).await.unwrap().len(), 50);
         let (_sink, rx) = channel(1, m.clone());
         drop(_sink);
-        writer(rx, store.clone(), m.clone(), 10, Duration::from_secs(3600)).await;
+        writer(rx, store.clone(), Feed::default(), m.clone(), 10, Duration::from_secs(3600)).await;
         let rows = store.query(&q).await.unwrap();
         assert_eq!(rows.len(), 10, "trimmed to per_machine");
         assert_eq!(rows.first().unwrap().message, "e40");

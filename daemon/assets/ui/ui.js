@@ -1,0 +1,83 @@
+// tinkerbox web UI: the live parts. The pages are whole without it; with
+// it, an EventSource on /ui/stream brings each stored event as it lands:
+// the machines list re-fetches the rows of the machines an event names
+// (at most once per half second each), a machine's page prepends the
+// event to its timeline and re-fetches its Workflow panel.
+"use strict";
+(function () {
+  const live = document.getElementById("live");
+  const list = document.getElementById("machines");
+  const page = document.querySelector(".machine[data-machine]");
+  if (!list && !page) return;
+
+  let url = "/ui/stream";
+  if (page) {
+    url += "?machine=" + encodeURIComponent(page.dataset.machine) + "&after=" + page.dataset.last;
+  }
+  const source = new EventSource(url);
+  source.onopen = () => live && live.classList.add("on");
+  source.onerror = () => live && live.classList.remove("on");
+
+  // Coalesced fetches: a key is fetched once per window, however many
+  // events name it.
+  const due = new Map();
+  function soon(key, fetcher) {
+    if (due.has(key)) return;
+    due.set(key, setTimeout(() => { due.delete(key); fetcher(); }, 500));
+  }
+
+  async function fragment(path) {
+    const r = await fetch(path, { credentials: "same-origin" });
+    if (!r.ok) return null;
+    const t = document.createElement("template");
+    t.innerHTML = (await r.text()).trim();
+    return t.content;
+  }
+
+  function refreshRow(key) {
+    const row = list.querySelector('tr[data-machine="' + CSS.escape(key) + '"]');
+    if (!row) return;
+    soon(key, async () => {
+      const f = await fragment("/ui/machines/" + key + "/row");
+      const fresh = f && f.querySelector("tr");
+      if (!fresh) return;
+      fresh.classList.add("flash");
+      row.replaceWith(fresh);
+    });
+  }
+
+  function prepend(e) {
+    const ol = document.getElementById("timeline");
+    if (!ol || ol.querySelector('li[data-id="' + e.id + '"]')) return;
+    const li = document.createElement("li");
+    li.dataset.id = e.id;
+    li.className = "new";
+    const time = document.createElement("time");
+    time.textContent = e.time;
+    const kind = document.createElement("span");
+    kind.className = "kind";
+    kind.textContent = e.kind;
+    li.append(time, " ", kind, " ", e.message);
+    ol.prepend(li);
+    while (ol.children.length > 500) ol.lastElementChild.remove();
+  }
+
+  source.onmessage = (m) => {
+    let rows;
+    try { rows = JSON.parse(m.data); } catch (_) { return; }
+    for (const e of rows) {
+      if (!e.name) continue;
+      const key = e.namespace + "/" + e.name;
+      if (list) refreshRow(key);
+      if (page && key === page.dataset.machine) {
+        prepend(e);
+        if (e.kind.startsWith("workflow.") || e.kind.startsWith("hardware.")) {
+          soon("workflow", async () => {
+            const f = await fragment("/ui/machines/" + key + "/workflow");
+            if (f) document.getElementById("workflow").replaceChildren(f);
+          });
+        }
+      }
+    }
+  };
+})();

@@ -1,0 +1,778 @@
+//! The web UI, on the admin listener under `/ui/`: server-rendered HTML
+//! (askama templates, compiled into the binary and checked at build
+//! time) and one small script for the live parts, fed by Server-Sent
+//! Events from the event log's feed. Why not a built front end: nothing
+//! to install beside cargo, no bundle to keep in step with the API, and
+//! a page is one request that needs no script to be read.
+//!
+//! Login is with the admin token, into a session cookie (HttpOnly,
+//! SameSite=Strict, Secure under TLS); every action posts the session's
+//! CSRF token; the pages send a strict Content-Security-Policy. Reads
+//! come from the store and the event log; actions go through the
+//! services, as the CLI's do.
+
+pub mod session;
+pub mod view;
+
+use crate::app::App;
+use crate::clock::now_ms;
+use crate::events::log::{EventQuery, EventRow};
+use crate::hardware::Key;
+use askama::Template;
+use axum::Router;
+use axum::extract::{Form, Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
+use serde::Deserialize;
+use session::{Session, Sessions};
+use std::collections::HashMap;
+use std::sync::Arc;
+use view::{Filter, Lifecycle, Row};
+
+/// The session cookie's name.
+const COOKIE: &str = "tinkerbox_session";
+/// Rows on a page of the machines list.
+const PER_PAGE: usize = 100;
+/// Events a machine page shows at first (then live).
+const TIMELINE: u32 = 200;
+
+struct Ui {
+    app: Arc<App>,
+    token: Arc<str>,
+    sessions: Sessions,
+    /// Cookies marked Secure: the admin listener speaks TLS.
+    secure: bool,
+}
+
+type Shared = Arc<Ui>;
+
+pub fn router(app: Arc<App>, token: Arc<str>, secure: bool) -> Router {
+    let ui = Arc::new(Ui {
+        app,
+        token,
+        sessions: Sessions::default(),
+        secure,
+    });
+    let private = Router::new()
+        .route("/ui/", get(machines))
+        .route("/ui/machines/{namespace}/{name}", get(machine))
+        .route("/ui/machines/{namespace}/{name}/row", get(machine_row))
+        .route("/ui/machines/{namespace}/{name}/workflow", get(machine_workflow))
+        .route("/ui/stream", get(stream))
+        .route("/ui/logout", post(logout))
+        .layer(middleware::from_fn_with_state(ui.clone(), authenticated));
+    Router::new()
+        .route("/ui", get(|| async { Redirect::to("/ui/") }))
+        .route("/ui/login", get(login_page).post(login))
+        .route("/ui/assets/{file}", get(asset))
+        .merge(private)
+        .layer(middleware::from_fn(security_headers))
+        .with_state(ui)
+}
+
+/// Headers every UI response carries: scripts, styles and connections
+/// from this origin only, no framing, no sniffing, no referrer.
+async fn security_headers(req: Request, next: Next) -> Response {
+    let mut r = next.run(req).await;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// The session the cookie names, into the request; without one, a page
+/// goes to the login and anything else is refused.
+async fn authenticated(
+    State(ui): State<Shared>,
+    jar: CookieJar,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let session = jar
+        .get(COOKIE)
+        .and_then(|c| ui.sessions.get(c.value(), now_ms()).map(|s| (c.value().to_string(), s)));
+    match session {
+        Some((id, s)) => {
+            req.extensions_mut().insert(Current { id, session: s });
+            next.run(req).await
+        }
+        None if req.method() == axum::http::Method::GET
+            && !req.uri().path().ends_with("/row")
+            && !req.uri().path().ends_with("/workflow")
+            && req.uri().path() != "/ui/stream" =>
+        {
+            Redirect::to("/ui/login").into_response()
+        }
+        None => (StatusCode::UNAUTHORIZED, "log in at /ui/login").into_response(),
+    }
+}
+
+/// The request's session.
+#[derive(Clone)]
+struct Current {
+    id: String,
+    session: Session,
+}
+
+impl Current {
+    /// Whether `presented` is this session's CSRF token.
+    fn csrf_ok(&self, presented: &str) -> bool {
+        constant_time_eq::constant_time_eq(presented.as_bytes(), self.session.csrf.as_bytes())
+    }
+}
+
+fn html<T: Template>(t: &T) -> Response {
+    match t.render() {
+        Ok(s) => Html(s).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "ui: a template failed to render");
+            (StatusCode::INTERNAL_SERVER_ERROR, "the page failed to render").into_response()
+        }
+    }
+}
+
+fn failed(e: impl std::fmt::Display) -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, format!("cannot read the store: {e}")).into_response()
+}
+
+// ---- login ----
+
+#[derive(Template)]
+#[template(path = "ui/login.html")]
+struct LoginPage {
+    error: Option<&'static str>,
+}
+
+async fn login_page() -> Response {
+    html(&LoginPage { error: None })
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(State(ui): State<Shared>, jar: CookieJar, Form(f): Form<LoginForm>) -> Response {
+    let ok = constant_time_eq::constant_time_eq(f.token.trim().as_bytes(), ui.token.as_bytes());
+    if !ok {
+        let mut r = html(&LoginPage {
+            error: Some("That is not the admin token (state_dir/api-token)."),
+        });
+        *r.status_mut() = StatusCode::UNAUTHORIZED;
+        return r;
+    }
+    let Some((id, _)) = ui.sessions.create(now_ms()) else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "no randomness for a session").into_response();
+    };
+    let cookie = Cookie::build((COOKIE, id))
+        .path("/ui")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(ui.secure)
+        .build();
+    (jar.add(cookie), Redirect::to("/ui/")).into_response()
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    csrf: String,
+}
+
+async fn logout(
+    State(ui): State<Shared>,
+    axum::Extension(cur): axum::Extension<Current>,
+    jar: CookieJar,
+    Form(f): Form<CsrfForm>,
+) -> Response {
+    if !cur.csrf_ok(&f.csrf) {
+        return (StatusCode::FORBIDDEN, "the form's CSRF token is wrong: reload the page").into_response();
+    }
+    ui.sessions.remove(&cur.id);
+    let gone = Cookie::build((COOKIE, "")).path("/ui").build();
+    (jar.remove(gone), Redirect::to("/ui/login")).into_response()
+}
+
+// ---- assets ----
+
+/// The page's style and script, in the binary.
+async fn asset(Path(file): Path<String>) -> Response {
+    let (body, kind) = match file.as_str() {
+        "ui.css" => (include_str!("../../assets/ui/ui.css"), "text/css; charset=utf-8"),
+        "ui.js" => (include_str!("../../assets/ui/ui.js"), "text/javascript; charset=utf-8"),
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    };
+    ([(header::CONTENT_TYPE, kind)], body).into_response()
+}
+
+// ---- the machines list ----
+
+/// A row as the template prints it.
+struct RowView {
+    namespace: String,
+    name: String,
+    href: String,
+    state: &'static str,
+    power: &'static str,
+    mac: String,
+    ip: String,
+    workflow: String,
+    percent: usize,
+    activity: String,
+    last_heard: String,
+}
+
+fn row_view(r: &Row, now: i64) -> RowView {
+    let (workflow, percent, activity) = match &r.workflow {
+        Some(p) => (
+            format!("{} ({}/{})", p.name, p.done, p.total),
+            p.percent(),
+            match &p.current {
+                Some((a, m)) if m.is_empty() => a.clone(),
+                Some((a, m)) => format!("{a}: {m}"),
+                None => p.state.as_str().to_string(),
+            },
+        ),
+        None => (String::new(), 0, String::new()),
+    };
+    RowView {
+        href: format!("/ui/machines/{}/{}", r.key.namespace, r.key.name),
+        namespace: r.key.namespace.clone(),
+        name: r.key.name.clone(),
+        state: r.state.as_str(),
+        power: r.power.map_or("", |p| p.as_str()),
+        mac: r.macs.first().cloned().unwrap_or_default(),
+        ip: r.ips.first().cloned().unwrap_or_default(),
+        workflow,
+        percent,
+        activity,
+        last_heard: r.last_heard_ms.map(|t| view::ago(t, now)).unwrap_or_default(),
+    }
+}
+
+#[derive(Template)]
+#[template(path = "ui/machines.html")]
+struct MachinesPage {
+    csrf: String,
+    rows: Vec<RowView>,
+    total: usize,
+    matched: usize,
+    counts: Vec<(&'static str, usize)>,
+    text: String,
+    state: String,
+    labels: String,
+    error: Option<String>,
+    page: usize,
+    pages: usize,
+    prev: Option<String>,
+    next: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "ui/row.html")]
+struct RowFragment {
+    r: RowView,
+}
+
+#[derive(Deserialize, Default)]
+struct ListQuery {
+    #[serde(default)]
+    q: String,
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    l: String,
+    page: Option<usize>,
+}
+
+/// Every Hardware's row (its Workflow and power read in three queries).
+async fn rows(app: &App) -> Result<Vec<Row>, crate::store::StoreError> {
+    let docs = app.store.list(None).await?;
+    let workflows = app.store.workflows(None, &[]).await?;
+    let mut by_hw: HashMap<Key, Vec<&crate::store::workflow::WorkflowRow>> = HashMap::new();
+    for w in &workflows {
+        if let Some(hw) = w.doc.pointer("/spec/hardwareRef").and_then(|v| v.as_str()) {
+            by_hw
+                .entry(Key::new(w.key.namespace.clone(), hw))
+                .or_default()
+                .push(w);
+        }
+    }
+    let power: HashMap<Key, crate::bmc::PowerState> = app
+        .store
+        .bmc_machines(None)
+        .await?
+        .into_iter()
+        .map(|m| (m.key, m.power_state))
+        .collect();
+    Ok(docs
+        .into_iter()
+        .map(|d| {
+            let ns = d.pointer("/metadata/namespace").and_then(|v| v.as_str()).unwrap_or("default");
+            let name = d.pointer("/metadata/name").and_then(|v| v.as_str()).unwrap_or("");
+            let key = Key::new(ns, name);
+            let bmc = d
+                .pointer("/spec/bmcRef/name")
+                .and_then(|v| v.as_str())
+                .map(|b| Key::new(ns, b));
+            let wf = by_hw.get(&key).and_then(|ws| view::current_workflow(ws.iter().copied()));
+            let p = bmc.and_then(|b| power.get(&b).copied());
+            view::row(d, wf, p)
+        })
+        .collect())
+}
+
+/// When `key` was last heard from: its newest event.
+async fn last_heard(app: &App, key: &Key) -> Option<i64> {
+    let q = EventQuery {
+        machine: Some(key.clone()),
+        after: None,
+        limit: 1,
+    };
+    let row = app.event_log.query(&q).await.ok()?.pop()?;
+    humantime::parse_rfc3339(&row.time)
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| i64::try_from(d.as_millis()).ok())
+}
+
+async fn machines(
+    State(ui): State<Shared>,
+    axum::Extension(cur): axum::Extension<Current>,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    let all = match rows(&ui.app).await {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    let mut error = None;
+    let selector = match q.l.trim() {
+        "" => None,
+        s => match crate::labels::parse(s) {
+            Ok(sel) => Some(sel),
+            Err(e) => {
+                error = Some(format!("label selector: {e}"));
+                None
+            }
+        },
+    };
+    let filter = Filter {
+        text: q.q.clone(),
+        state: Lifecycle::parse(&q.state),
+        selector,
+    };
+    let counts = Lifecycle::ALL
+        .iter()
+        .map(|l| (l.as_str(), all.iter().filter(|r| r.state == *l).count()))
+        .collect();
+    let total = all.len();
+    let kept: Vec<Row> = all.into_iter().filter(|r| filter.keeps(r)).collect();
+    let (range, pages) = view::page_range(kept.len(), PER_PAGE, q.page.unwrap_or(1));
+    let page = range.start / PER_PAGE + 1;
+    let now = now_ms();
+    let mut shown = Vec::with_capacity(range.len());
+    for r in &kept[range] {
+        let mut r = r.clone();
+        r.last_heard_ms = last_heard(&ui.app, &r.key).await;
+        shown.push(row_view(&r, now));
+    }
+    let link = |p: usize| {
+        let mut s = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in [("q", &q.q), ("state", &q.state), ("l", &q.l)] {
+            if !v.is_empty() {
+                s.append_pair(k, v);
+            }
+        }
+        s.append_pair("page", &p.to_string());
+        format!("/ui/?{}", s.finish())
+    };
+    html(&MachinesPage {
+        csrf: cur.session.csrf.clone(),
+        rows: shown,
+        total,
+        matched: kept.len(),
+        counts,
+        text: q.q.clone(),
+        state: q.state.clone(),
+        labels: q.l.clone(),
+        error,
+        page,
+        pages,
+        prev: (page > 1).then(|| link(page - 1)),
+        next: (page < pages).then(|| link(page + 1)),
+    })
+}
+
+/// One machine's row, for the list's live updates.
+async fn machine_row(State(ui): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
+    let key = Key::new(ns, name);
+    match one_row(&ui.app, &key).await {
+        Ok(Some(mut r)) => {
+            r.last_heard_ms = last_heard(&ui.app, &key).await;
+            html(&RowFragment {
+                r: row_view(&r, now_ms()),
+            })
+        }
+        Ok(None) => StatusCode::NOT_FOUND.into_response(),
+        Err(e) => failed(e),
+    }
+}
+
+/// `key`'s row alone: its document, Workflows and BMC Machine.
+async fn one_row(app: &App, key: &Key) -> Result<Option<Row>, crate::store::StoreError> {
+    let Some(doc) = app.store.get(key).await? else {
+        return Ok(None);
+    };
+    let workflows = app.store.workflows(Some(&key.namespace), &[]).await?;
+    let mine = workflows.iter().filter(|w| {
+        w.doc.pointer("/spec/hardwareRef").and_then(|v| v.as_str()) == Some(key.name.as_str())
+    });
+    let wf = view::current_workflow(mine);
+    let power = match doc.pointer("/spec/bmcRef/name").and_then(|v| v.as_str()) {
+        Some(b) => app
+            .store
+            .bmc_machine(&Key::new(key.namespace.clone(), b))
+            .await?
+            .map(|m| m.power_state),
+        None => None,
+    };
+    Ok(Some(view::row(doc, wf, power)))
+}
+
+// ---- one machine ----
+
+/// An action of the machine's Workflow, as the page shows it.
+struct ActionView {
+    name: String,
+    state: String,
+    class: &'static str,
+    duration: String,
+    message: String,
+}
+
+struct WorkflowView {
+    name: String,
+    state: String,
+    percent: usize,
+    actions: Vec<ActionView>,
+}
+
+fn workflow_view(w: &crate::store::workflow::WorkflowRow) -> WorkflowView {
+    use crate::workflow::model::State as S;
+    let p = view::Progress::of(w);
+    let actions = w
+        .status
+        .tasks
+        .iter()
+        .flat_map(|t| &t.actions)
+        .map(|a| ActionView {
+            name: a.name.clone(),
+            state: a.state.as_str().to_string(),
+            class: match a.state {
+                S::Success => "ok",
+                S::Failed | S::Timeout => "bad",
+                S::Running => "run",
+                _ => "",
+            },
+            duration: a.execution_duration.clone().unwrap_or_default(),
+            message: a.message.clone().unwrap_or_default(),
+        })
+        .collect();
+    WorkflowView {
+        name: w.key.name.clone(),
+        state: w.status.state.as_str().to_string(),
+        percent: p.percent(),
+        actions,
+    }
+}
+
+struct EventView {
+    id: i64,
+    time: String,
+    kind: String,
+    message: String,
+}
+
+#[derive(Template)]
+#[template(path = "ui/machine.html")]
+struct MachinePage {
+    csrf: String,
+    r: RowView,
+    key: String,
+    labels: Vec<(String, String)>,
+    interfaces: Vec<(String, String, String)>,
+    bmc: String,
+    facts: Vec<(String, String)>,
+    workflow: Option<WorkflowView>,
+    events: Vec<EventView>,
+    last_id: i64,
+    document: String,
+}
+
+#[derive(Template)]
+#[template(path = "ui/workflow.html")]
+struct WorkflowFragment {
+    workflow: Option<WorkflowView>,
+}
+
+/// What the agent reported of the machine (its attributes annotation) and
+/// the BMC's inventory, as name/value lines.
+fn facts(doc: &serde_json::Value) -> Vec<(String, String)> {
+    let mut out = vec![];
+    let attrs = doc
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get("tinkerbell.org/attributes"))
+        .and_then(|v| v.as_str())
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok());
+    if let Some(a) = attrs {
+        if let Some(p) = a.pointer("/product") {
+            let vendor = p["vendor"].as_str().unwrap_or("");
+            let name = p["name"].as_str().unwrap_or("");
+            out.push(("product".into(), format!("{vendor} {name}").trim().to_string()));
+        }
+        if let Some(c) = a.pointer("/cpu/totalCores").or_else(|| a.pointer("/cpu/total_cores")) {
+            out.push(("cpu cores".into(), c.to_string()));
+        }
+        if let Some(m) = a.pointer("/memory/total").and_then(|v| v.as_str()) {
+            out.push(("memory".into(), m.to_string()));
+        }
+        if let Some(disks) = a.pointer("/blockDevices").and_then(|v| v.as_array()) {
+            for d in disks.iter().take(16) {
+                out.push((
+                    format!("disk {}", d["name"].as_str().unwrap_or("?")),
+                    d["size"].as_str().unwrap_or("").to_string(),
+                ));
+            }
+        }
+    }
+    if let Some(oob) = doc.pointer("/status/attributes/outOfBand") {
+        if let Some(s) = oob.pointer("/system/manufacturer").and_then(|v| v.as_str()) {
+            out.push(("BMC: manufacturer".into(), s.to_string()));
+        }
+        if let Some(s) = oob.pointer("/system/model").and_then(|v| v.as_str()) {
+            out.push(("BMC: model".into(), s.to_string()));
+        }
+    }
+    out
+}
+
+async fn machine(
+    State(ui): State<Shared>,
+    axum::Extension(cur): axum::Extension<Current>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    let key = Key::new(ns, name);
+    let app = &ui.app;
+    let mut r = match one_row(app, &key).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return (StatusCode::NOT_FOUND, format!("no Hardware {key}")).into_response(),
+        Err(e) => return failed(e),
+    };
+    let events = app
+        .event_log
+        .query(&EventQuery {
+            machine: Some(key.clone()),
+            after: None,
+            limit: TIMELINE,
+        })
+        .await
+        .unwrap_or_default();
+    r.last_heard_ms = events
+        .last()
+        .and_then(|e| humantime::parse_rfc3339(&e.time).ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| i64::try_from(d.as_millis()).ok());
+    let workflow = match current_workflow(app, &key).await {
+        Ok(w) => w.as_ref().map(workflow_view),
+        Err(e) => return failed(e),
+    };
+    let interfaces = r.doc["spec"]["interfaces"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|i| {
+                    let s = |p: &str| i.pointer(p).and_then(|v| v.as_str()).unwrap_or("").to_string();
+                    let pxe = match i.pointer("/netboot/allowPXE").and_then(|v| v.as_bool()) {
+                        Some(true) => "PXE allowed",
+                        _ => "no PXE",
+                    };
+                    (s("/dhcp/mac"), s("/dhcp/ip/address"), pxe.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let page = MachinePage {
+        csrf: cur.session.csrf.clone(),
+        key: format!("{}/{}", key.namespace, key.name),
+        labels: r.labels.clone(),
+        interfaces,
+        bmc: r.doc
+            .pointer("/spec/bmcRef/name")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string(),
+        facts: facts(&r.doc),
+        workflow,
+        last_id: events.last().map_or(0, |e| e.id),
+        events: events
+            .into_iter()
+            .rev()
+            .map(|e| EventView {
+                id: e.id,
+                time: e.time,
+                kind: e.kind,
+                message: e.message,
+            })
+            .collect(),
+        document: serde_json::to_string_pretty(&r.doc).unwrap_or_default(),
+        r: row_view(&r, now_ms()),
+    };
+    html(&page)
+}
+
+async fn current_workflow(
+    app: &App,
+    key: &Key,
+) -> Result<Option<crate::store::workflow::WorkflowRow>, crate::store::StoreError> {
+    let workflows = app.store.workflows(Some(&key.namespace), &[]).await?;
+    let mine = workflows.iter().filter(|w| {
+        w.doc.pointer("/spec/hardwareRef").and_then(|v| v.as_str()) == Some(key.name.as_str())
+    });
+    Ok(view::current_workflow(mine).cloned())
+}
+
+async fn machine_workflow(
+    State(ui): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    match current_workflow(&ui.app, &Key::new(ns, name)).await {
+        Ok(w) => html(&WorkflowFragment {
+            workflow: w.as_ref().map(workflow_view),
+        }),
+        Err(e) => failed(e),
+    }
+}
+
+// ---- the live feed ----
+
+#[derive(Deserialize)]
+struct StreamQuery {
+    /// `namespace/name`: that machine's events only.
+    machine: Option<String>,
+    /// Events after this id first, from the log (a reconnect's resume).
+    after: Option<i64>,
+}
+
+/// Server-Sent Events: each message one batch of stored events (JSON, as
+/// `tinkerbox events` prints them), its id the batch's last, so a
+/// reconnecting EventSource resumes where it was (`Last-Event-ID`).
+async fn stream(
+    State(ui): State<Shared>,
+    headers: axum::http::HeaderMap,
+    Query(q): Query<StreamQuery>,
+) -> Response {
+    let machine = match q.machine.as_deref().map(|m| m.split_once('/')) {
+        None => None,
+        Some(Some((ns, n))) if !ns.is_empty() && !n.is_empty() => Some(Key::new(ns, n)),
+        Some(_) => return (StatusCode::BAD_REQUEST, "machine: NAMESPACE/NAME").into_response(),
+    };
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i64>().ok())
+        .or(q.after);
+    let mut rx = ui.app.feed.subscribe();
+    let log = ui.app.event_log.clone();
+    let s = async_stream(move |tx| async move {
+        // The newest id sent (or skipped as another machine's).
+        let mut last: Option<i64> = resume;
+        // Resume from the log first (what happened while away), then the
+        // feed; a listener that lagged reads the gap from the log again.
+        let mut catch_up = resume.is_some();
+        loop {
+            if let Some(after) = last.filter(|_| catch_up) {
+                let rows = log
+                    .query(&EventQuery {
+                        machine: machine.clone(),
+                        after: Some(after),
+                        limit: 1000,
+                    })
+                    .await
+                    .unwrap_or_default();
+                if let Some(l) = rows.last() {
+                    last = Some(l.id);
+                    if tx.send(batch(&rows)).await.is_err() {
+                        return;
+                    }
+                }
+                catch_up = false;
+            }
+            // A page that went away ends its task at once, not at the next
+            // event (which, for one quiet machine, may never come).
+            let got = tokio::select! {
+                r = rx.recv() => r,
+                _ = tx.closed() => return,
+            };
+            match got {
+                Ok(rows) => {
+                    let mine: Vec<EventRow> = rows
+                        .iter()
+                        .filter(|e| last.is_none_or(|l| e.id > l))
+                        .filter(|e| {
+                            machine.as_ref().is_none_or(|k| {
+                                e.namespace.as_deref() == Some(k.namespace.as_str())
+                                    && e.name.as_deref() == Some(k.name.as_str())
+                            })
+                        })
+                        .cloned()
+                        .collect();
+                    if let Some(l) = rows.last() {
+                        last = Some(last.map_or(l.id, |x| x.max(l.id)));
+                    }
+                    if !mine.is_empty() && tx.send(batch(&mine)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => catch_up = true,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+    Sse::new(s)
+        .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
+        .into_response()
+}
+
+fn batch(rows: &[EventRow]) -> Result<SseEvent, std::convert::Infallible> {
+    let id = rows.last().map_or(0, |r| r.id);
+    Ok(SseEvent::default()
+        .id(id.to_string())
+        .data(serde_json::to_string(rows).unwrap_or_else(|_| "[]".into())))
+}
+
+/// A stream of what `f` sends on its channel (a bounded one: a slow page
+/// holds its own task back, not the feed).
+fn async_stream<F, Fut>(
+    f: F,
+) -> impl futures::Stream<Item = Result<SseEvent, std::convert::Infallible>>
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<SseEvent, std::convert::Infallible>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(f(tx));
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

@@ -1,0 +1,346 @@
+//! What the pages show, pure: a machine's row (its lifecycle state from
+//! its Hardware, Workflow and BMC), the filter a list is narrowed by, and
+//! paging. The handlers read the store and hand the documents here.
+
+use crate::bmc::PowerState;
+use crate::hardware::Key;
+use crate::store::workflow::WorkflowRow;
+use crate::workflow::model::State as WfState;
+use serde_json::Value;
+
+/// A machine's place in its life, as the machines page filters it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Lifecycle {
+    /// Made by discovery, no Workflow yet.
+    Discovered,
+    /// No Workflow under way, none succeeded or failed.
+    Idle,
+    /// A Workflow is under way.
+    Installing,
+    /// Its last Workflow succeeded.
+    Installed,
+    /// Its last Workflow failed or timed out.
+    Failed,
+    /// Held while its disks are wiped (`cleaning`).
+    Cleaning,
+}
+
+impl Lifecycle {
+    pub const ALL: [Lifecycle; 6] = [
+        Lifecycle::Discovered,
+        Lifecycle::Idle,
+        Lifecycle::Installing,
+        Lifecycle::Installed,
+        Lifecycle::Failed,
+        Lifecycle::Cleaning,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lifecycle::Discovered => "discovered",
+            Lifecycle::Idle => "idle",
+            Lifecycle::Installing => "installing",
+            Lifecycle::Installed => "installed",
+            Lifecycle::Failed => "failed",
+            Lifecycle::Cleaning => "cleaning",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Lifecycle> {
+        Lifecycle::ALL.into_iter().find(|l| l.as_str() == s)
+    }
+}
+
+/// A Workflow's progress: actions done of all, and the one running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    pub name: String,
+    pub state: WfState,
+    pub done: usize,
+    pub total: usize,
+    /// The running action and its last message (image MB/s, say).
+    pub current: Option<(String, String)>,
+}
+
+impl Progress {
+    pub fn of(w: &WorkflowRow) -> Progress {
+        let actions = w.status.tasks.iter().flat_map(|t| &t.actions);
+        let total = actions.clone().count();
+        let done = actions
+            .clone()
+            .filter(|a| a.state == WfState::Success)
+            .count();
+        let current = actions
+            .clone()
+            .find(|a| a.state == WfState::Running)
+            .map(|a| (a.name.clone(), a.message.clone().unwrap_or_default()));
+        Progress {
+            name: w.key.name.clone(),
+            state: w.status.state,
+            done,
+            total,
+            current,
+        }
+    }
+
+    /// Percent done, for the bar.
+    pub fn percent(&self) -> usize {
+        match (self.state, self.total) {
+            (WfState::Success, _) => 100,
+            (_, 0) => 0,
+            (_, t) => self.done * 100 / t,
+        }
+    }
+}
+
+/// One row of the machines page.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub key: Key,
+    pub state: Lifecycle,
+    pub power: Option<PowerState>,
+    pub macs: Vec<String>,
+    pub ips: Vec<String>,
+    pub labels: Vec<(String, String)>,
+    pub workflow: Option<Progress>,
+    /// When it was last heard from (its newest event), ms since the epoch.
+    pub last_heard_ms: Option<i64>,
+    /// The document, for the label selector.
+    pub doc: Value,
+}
+
+fn under_way(s: WfState) -> bool {
+    matches!(
+        s,
+        WfState::New | WfState::Preparing | WfState::Pending | WfState::Running | WfState::Post
+    )
+}
+
+/// The Workflow a machine's row shows: one under way, else the newest
+/// (by creation time, then name).
+pub fn current_workflow<'a>(wfs: impl IntoIterator<Item = &'a WorkflowRow>) -> Option<&'a WorkflowRow> {
+    let created = |w: &WorkflowRow| {
+        w.doc
+            .pointer("/metadata/creationTimestamp")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    wfs.into_iter().max_by(|a, b| {
+        (under_way(a.status.state), created(a), &a.key.name).cmp(&(
+            under_way(b.status.state),
+            created(b),
+            &b.key.name,
+        ))
+    })
+}
+
+/// A Hardware's row, from its document, its current Workflow and its BMC
+/// Machine's power.
+pub fn row(doc: Value, workflow: Option<&WorkflowRow>, power: Option<PowerState>) -> Row {
+    let meta = &doc["metadata"];
+    let key = Key::new(
+        meta["namespace"].as_str().unwrap_or("default"),
+        meta["name"].as_str().unwrap_or(""),
+    );
+    let labels: Vec<(String, String)> = meta["labels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let ifaces = doc["spec"]["interfaces"].as_array().cloned().unwrap_or_default();
+    let macs = ifaces
+        .iter()
+        .filter_map(|i| i.pointer("/dhcp/mac").and_then(Value::as_str))
+        .map(str::to_ascii_lowercase)
+        .collect();
+    let ips = ifaces
+        .iter()
+        .filter_map(|i| i.pointer("/dhcp/ip/address").and_then(Value::as_str))
+        .map(String::from)
+        .collect();
+    let held = meta["labels"][crate::cleaning::OWNER_NAME].as_str() == Some(crate::cleaning::HOLDER);
+    let discovered = meta["labels"]
+        .get(crate::discovery::hardware::DISCOVERED_LABEL)
+        .is_some();
+    let progress = workflow.map(Progress::of);
+    let state = match (&progress, held, discovered) {
+        (_, true, _) => Lifecycle::Cleaning,
+        (Some(p), _, _) if under_way(p.state) => Lifecycle::Installing,
+        (Some(p), _, _) if p.state == WfState::Success => Lifecycle::Installed,
+        (Some(_), _, _) => Lifecycle::Failed,
+        (None, _, true) => Lifecycle::Discovered,
+        (None, _, false) => Lifecycle::Idle,
+    };
+    Row {
+        key,
+        state,
+        power,
+        macs,
+        ips,
+        labels,
+        workflow: progress,
+        last_heard_ms: None,
+        doc,
+    }
+}
+
+/// What a list is narrowed to.
+#[derive(Debug, Default)]
+pub struct Filter {
+    /// Case-insensitive text in the name, namespace, a MAC or an IP.
+    pub text: String,
+    pub state: Option<Lifecycle>,
+    pub selector: Option<kube::core::Selector>,
+}
+
+impl Filter {
+    pub fn keeps(&self, r: &Row) -> bool {
+        if self.state.is_some_and(|s| s != r.state) {
+            return false;
+        }
+        if let Some(sel) = &self.selector
+            && !crate::labels::selects(sel, &r.doc)
+        {
+            return false;
+        }
+        let t = self.text.trim().to_ascii_lowercase();
+        t.is_empty()
+            || r.key.name.to_ascii_lowercase().contains(&t)
+            || r.key.namespace.to_ascii_lowercase().contains(&t)
+            || r.macs.iter().any(|m| m.contains(&t))
+            || r.ips.iter().any(|i| i.contains(&t))
+    }
+}
+
+/// Page `page` (from 1) of `per` items: the range, and how many pages.
+pub fn page_range(len: usize, per: usize, page: usize) -> (std::ops::Range<usize>, usize) {
+    let per = per.max(1);
+    let pages = len.div_ceil(per).max(1);
+    let page = page.clamp(1, pages);
+    let start = (page - 1) * per;
+    (start..(start + per).min(len), pages)
+}
+
+/// "3 s ago", "5 min ago", "2 h ago", "4 d ago".
+pub fn ago(then_ms: i64, now_ms: i64) -> String {
+    let s = (now_ms - then_ms).max(0) / 1000;
+    match s {
+        0..60 => format!("{s} s ago"),
+        60..3600 => format!("{} min ago", s / 60),
+        3600..86400 => format!("{} h ago", s / 3600),
+        _ => format!("{} d ago", s / 86400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workflow::model::{Action, Status, Task};
+    use serde_json::json;
+
+    fn hw(name: &str, labels: Value) -> Value {
+        json!({"apiVersion": "tinkerbell.org/v1alpha1", "kind": "Hardware",
+               "metadata": {"name": name, "namespace": "lab", "labels": labels},
+               "spec": {"interfaces": [{"dhcp": {"mac": "52:54:00:AA:00:01", "ip": {"address": "10.0.0.5"}}}]}})
+    }
+
+    fn wf(name: &str, created: &str, state: WfState, actions: &[(&str, WfState)]) -> WorkflowRow {
+        WorkflowRow {
+            key: Key::new("lab", name),
+            doc: json!({"metadata": {"name": name, "creationTimestamp": created}}),
+            status: Status {
+                state,
+                tasks: vec![Task {
+                    actions: actions
+                        .iter()
+                        .map(|(n, s)| Action {
+                            name: n.to_string(),
+                            state: *s,
+                            message: Some(format!("{n} at 40 MB/s")),
+                            ..Action::default()
+                        })
+                        .collect(),
+                    ..Task::default()
+                }],
+                ..Status::default()
+            },
+            version: 1,
+        }
+    }
+
+    #[test]
+    fn the_state_comes_from_the_hold_the_workflow_and_discovery() {
+        let running = wf(
+            "w2",
+            "2026-01-02T00:00:00Z",
+            WfState::Running,
+            &[("stream", WfState::Success), ("cloud-init", WfState::Running), ("reboot", WfState::Pending)],
+        );
+        let old = wf("w1", "2026-01-03T00:00:00Z", WfState::Success, &[]);
+        // The running one wins over a newer finished one.
+        let cur = current_workflow([&old, &running]).unwrap();
+        assert_eq!(cur.key.name, "w2");
+        let r = row(hw("m1", json!({})), Some(cur), Some(PowerState::On));
+        assert_eq!(r.state, Lifecycle::Installing);
+        let p = r.workflow.as_ref().unwrap();
+        assert_eq!((p.done, p.total, p.percent()), (1, 3, 33));
+        assert_eq!(
+            p.current,
+            Some(("cloud-init".into(), "cloud-init at 40 MB/s".into()))
+        );
+        assert_eq!(r.macs, ["52:54:00:aa:00:01"]);
+        assert_eq!(r.ips, ["10.0.0.5"]);
+        assert_eq!(row(hw("m", json!({})), Some(&old), None).state, Lifecycle::Installed);
+        let failed = wf("w3", "", WfState::Timeout, &[]);
+        assert_eq!(row(hw("m", json!({})), Some(&failed), None).state, Lifecycle::Failed);
+        let d = hw("m", json!({"tinkerbell.org/auto-discovered": "true"}));
+        assert_eq!(row(d, None, None).state, Lifecycle::Discovered);
+        assert_eq!(row(hw("m", json!({})), None, None).state, Lifecycle::Idle);
+        let held = hw("m", json!({"v1alpha1.tinkerbell.org/ownerName": "tinkerbox_cleaning"}));
+        assert_eq!(row(held, Some(&running), None).state, Lifecycle::Cleaning);
+        // Newest of the finished, by creation time.
+        let newer = wf("a", "2026-02-01T00:00:00Z", WfState::Failed, &[]);
+        assert_eq!(current_workflow([&newer, &old]).unwrap().key.name, "a");
+        assert!(current_workflow([]).is_none());
+    }
+
+    #[test]
+    fn the_filter_matches_text_state_and_labels() {
+        let r = row(hw("web-01", json!({"rack": "r1"})), None, None);
+        let f = |text: &str, state: Option<Lifecycle>, sel: Option<&str>| Filter {
+            text: text.into(),
+            state,
+            selector: sel.map(|s| crate::labels::parse(s).unwrap()),
+        };
+        assert!(f("", None, None).keeps(&r));
+        assert!(f("WEB", None, None).keeps(&r));
+        assert!(f("aa:00:01", None, None).keeps(&r));
+        assert!(f("10.0.0.5", None, None).keeps(&r));
+        assert!(f("lab", None, None).keeps(&r));
+        assert!(!f("db", None, None).keeps(&r));
+        assert!(f("", Some(Lifecycle::Idle), None).keeps(&r));
+        assert!(!f("", Some(Lifecycle::Failed), None).keeps(&r));
+        assert!(f("", None, Some("rack=r1")).keeps(&r));
+        assert!(!f("", None, Some("rack in (r2)")).keeps(&r));
+        for l in Lifecycle::ALL {
+            assert_eq!(Lifecycle::parse(l.as_str()), Some(l));
+        }
+    }
+
+    #[test]
+    fn pages_and_times() {
+        assert_eq!(page_range(0, 100, 1), (0..0, 1));
+        assert_eq!(page_range(250, 100, 3), (200..250, 3));
+        assert_eq!(page_range(250, 100, 9), (200..250, 3));
+        assert_eq!(page_range(250, 100, 0), (0..100, 3));
+        assert_eq!(ago(0, 59_000), "59 s ago");
+        assert_eq!(ago(0, 61_000), "1 min ago");
+        assert_eq!(ago(0, 7_200_000), "2 h ago");
+        assert_eq!(ago(0, 3 * 86_400_000), "3 d ago");
+        assert_eq!(ago(10, 0), "0 s ago");
+    }
+}
