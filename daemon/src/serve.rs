@@ -436,11 +436,8 @@ async fn listen(app: &Arc<App>, token: Arc<str>) -> anyhow::Result<Running> {
     // The web UI beside the admin API, on its listener (its own login:
     // the API's bearer check does not cover it).
     let tls = config.api.tls_cert.is_some() && config.api.tls_key.is_some();
-    let api_app = api::router(app.clone(), token.clone()).merge(crate::ui::router(
-        app.clone(),
-        token,
-        tls,
-    ));
+    let api_app =
+        api::router(app.clone(), token.clone()).merge(crate::ui::router(app.clone(), token, tls));
     let api_handle = axum_server::Handle::<std::net::SocketAddr>::new();
     let api_task = match (&config.api.tls_cert, &config.api.tls_key) {
         (Some(cert), Some(key)) => {

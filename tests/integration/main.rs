@@ -21,4 +21,6 @@ mod metadata;
 mod metal3;
 mod netns;
 mod tink;
+mod ui;
+mod ui_browser;
 mod workflow;

@@ -99,7 +99,10 @@ impl EventRow {
             ip: e.ip.map(|i| i.to_string()),
             kind: e.kind.as_str().to_string(),
             message: e.message.clone(),
-            fields: e.fields.as_deref().and_then(|f| serde_json::from_str(f).ok()),
+            fields: e
+                .fields
+                .as_deref()
+                .and_then(|f| serde_json::from_str(f).ok()),
         }
     }
 }

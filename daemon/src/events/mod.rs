@@ -544,8 +544,15 @@ mod tests {
         let store = EventLog::open(&dir.path().join(log::FILE)).await.unwrap();
         let m = Arc::new(Metrics::new());
         let (sink, rx) = channel(100, m.clone());
-        let done =
-            spawn_writer(rx, store.clone(), Feed::default(), m.clone(), 10, Duration::from_secs(3600)).unwrap();
+        let done = spawn_writer(
+            rx,
+            store.clone(),
+            Feed::default(),
+            m.clone(),
+            10,
+            Duration::from_secs(3600),
+        )
+        .unwrap();
         sink.record(Event::new(Kind::Test, "one"));
         for _ in 0..200 {
             if m.events_written.get() == 1 {
@@ -583,7 +590,15 @@ mod tests {
         drop(sink);
         let feed = Feed::default();
         let mut listener = feed.subscribe();
-        writer(rx, store.clone(), feed, m.clone(), 10, Duration::from_secs(3600)).await;
+        writer(
+            rx,
+            store.clone(),
+            feed,
+            m.clone(),
+            10,
+            Duration::from_secs(3600),
+        )
+        .await;
         assert_eq!(m.events_written.get(), 51);
         // The feed had every event, with the id it was stored under.
         let mut fed = vec![];
@@ -609,7 +624,15 @@ mod tests {
         assert_eq!(store.query(&q).await.unwrap().len(), 50);
         let (_sink, rx) = channel(1, m.clone());
         drop(_sink);
-        writer(rx, store.clone(), Feed::default(), m.clone(), 10, Duration::from_secs(3600)).await;
+        writer(
+            rx,
+            store.clone(),
+            Feed::default(),
+            m.clone(),
+            10,
+            Duration::from_secs(3600),
+        )
+        .await;
         let rows = store.query(&q).await.unwrap();
         assert_eq!(rows.len(), 10, "trimmed to per_machine");
         assert_eq!(rows.first().unwrap().message, "e40");

@@ -61,7 +61,10 @@ pub fn router(app: Arc<App>, token: Arc<str>, secure: bool) -> Router {
         .route("/ui/", get(machines))
         .route("/ui/machines/{namespace}/{name}", get(machine))
         .route("/ui/machines/{namespace}/{name}/row", get(machine_row))
-        .route("/ui/machines/{namespace}/{name}/workflow", get(machine_workflow))
+        .route(
+            "/ui/machines/{namespace}/{name}/workflow",
+            get(machine_workflow),
+        )
         .route("/ui/stream", get(stream))
         .route("/ui/logout", post(logout))
         .layer(middleware::from_fn_with_state(ui.clone(), authenticated));
@@ -89,7 +92,10 @@ async fn security_headers(req: Request, next: Next) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }
@@ -102,9 +108,11 @@ async fn authenticated(
     mut req: Request,
     next: Next,
 ) -> Response {
-    let session = jar
-        .get(COOKIE)
-        .and_then(|c| ui.sessions.get(c.value(), now_ms()).map(|s| (c.value().to_string(), s)));
+    let session = jar.get(COOKIE).and_then(|c| {
+        ui.sessions
+            .get(c.value(), now_ms())
+            .map(|s| (c.value().to_string(), s))
+    });
     match session {
         Some((id, s)) => {
             req.extensions_mut().insert(Current { id, session: s });
@@ -140,13 +148,21 @@ fn html<T: Template>(t: &T) -> Response {
         Ok(s) => Html(s).into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "ui: a template failed to render");
-            (StatusCode::INTERNAL_SERVER_ERROR, "the page failed to render").into_response()
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the page failed to render",
+            )
+                .into_response()
         }
     }
 }
 
 fn failed(e: impl std::fmt::Display) -> Response {
-    (StatusCode::SERVICE_UNAVAILABLE, format!("cannot read the store: {e}")).into_response()
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("cannot read the store: {e}"),
+    )
+        .into_response()
 }
 
 // ---- login ----
@@ -176,7 +192,11 @@ async fn login(State(ui): State<Shared>, jar: CookieJar, Form(f): Form<LoginForm
         return r;
     }
     let Some((id, _)) = ui.sessions.create(now_ms()) else {
-        return (StatusCode::INTERNAL_SERVER_ERROR, "no randomness for a session").into_response();
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "no randomness for a session",
+        )
+            .into_response();
     };
     let cookie = Cookie::build((COOKIE, id))
         .path("/ui")
@@ -199,7 +219,11 @@ async fn logout(
     Form(f): Form<CsrfForm>,
 ) -> Response {
     if !cur.csrf_ok(&f.csrf) {
-        return (StatusCode::FORBIDDEN, "the form's CSRF token is wrong: reload the page").into_response();
+        return (
+            StatusCode::FORBIDDEN,
+            "the form's CSRF token is wrong: reload the page",
+        )
+            .into_response();
     }
     ui.sessions.remove(&cur.id);
     let gone = Cookie::build((COOKIE, "")).path("/ui").build();
@@ -211,8 +235,14 @@ async fn logout(
 /// The page's style and script, in the binary.
 async fn asset(Path(file): Path<String>) -> Response {
     let (body, kind) = match file.as_str() {
-        "ui.css" => (include_str!("../../assets/ui/ui.css"), "text/css; charset=utf-8"),
-        "ui.js" => (include_str!("../../assets/ui/ui.js"), "text/javascript; charset=utf-8"),
+        "ui.css" => (
+            include_str!("../../assets/ui/ui.css"),
+            "text/css; charset=utf-8",
+        ),
+        "ui.js" => (
+            include_str!("../../assets/ui/ui.js"),
+            "text/javascript; charset=utf-8",
+        ),
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
     ([(header::CONTENT_TYPE, kind)], body).into_response()
@@ -259,7 +289,10 @@ fn row_view(r: &Row, now: i64) -> RowView {
         workflow,
         percent,
         activity,
-        last_heard: r.last_heard_ms.map(|t| view::ago(t, now)).unwrap_or_default(),
+        last_heard: r
+            .last_heard_ms
+            .map(|t| view::ago(t, now))
+            .unwrap_or_default(),
     }
 }
 
@@ -321,14 +354,22 @@ async fn rows(app: &App) -> Result<Vec<Row>, crate::store::StoreError> {
     Ok(docs
         .into_iter()
         .map(|d| {
-            let ns = d.pointer("/metadata/namespace").and_then(|v| v.as_str()).unwrap_or("default");
-            let name = d.pointer("/metadata/name").and_then(|v| v.as_str()).unwrap_or("");
+            let ns = d
+                .pointer("/metadata/namespace")
+                .and_then(|v| v.as_str())
+                .unwrap_or("default");
+            let name = d
+                .pointer("/metadata/name")
+                .and_then(|v| v.as_str())
+                .unwrap_or("");
             let key = Key::new(ns, name);
             let bmc = d
                 .pointer("/spec/bmcRef/name")
                 .and_then(|v| v.as_str())
                 .map(|b| Key::new(ns, b));
-            let wf = by_hw.get(&key).and_then(|ws| view::current_workflow(ws.iter().copied()));
+            let wf = by_hw
+                .get(&key)
+                .and_then(|ws| view::current_workflow(ws.iter().copied()));
             let p = bmc.and_then(|b| power.get(&b).copied());
             view::row(d, wf, p)
         })
@@ -417,7 +458,10 @@ async fn machines(
 }
 
 /// One machine's row, for the list's live updates.
-async fn machine_row(State(ui): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
+async fn machine_row(
+    State(ui): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
     let key = Key::new(ns, name);
     match one_row(&ui.app, &key).await {
         Ok(Some(mut r)) => {
@@ -541,9 +585,15 @@ fn facts(doc: &serde_json::Value) -> Vec<(String, String)> {
         if let Some(p) = a.pointer("/product") {
             let vendor = p["vendor"].as_str().unwrap_or("");
             let name = p["name"].as_str().unwrap_or("");
-            out.push(("product".into(), format!("{vendor} {name}").trim().to_string()));
+            out.push((
+                "product".into(),
+                format!("{vendor} {name}").trim().to_string(),
+            ));
         }
-        if let Some(c) = a.pointer("/cpu/totalCores").or_else(|| a.pointer("/cpu/total_cores")) {
+        if let Some(c) = a
+            .pointer("/cpu/totalCores")
+            .or_else(|| a.pointer("/cpu/total_cores"))
+        {
             out.push(("cpu cores".into(), c.to_string()));
         }
         if let Some(m) = a.pointer("/memory/total").and_then(|v| v.as_str()) {
@@ -604,7 +654,12 @@ async fn machine(
         .map(|a| {
             a.iter()
                 .map(|i| {
-                    let s = |p: &str| i.pointer(p).and_then(|v| v.as_str()).unwrap_or("").to_string();
+                    let s = |p: &str| {
+                        i.pointer(p)
+                            .and_then(|v| v.as_str())
+                            .unwrap_or("")
+                            .to_string()
+                    };
                     let pxe = match i.pointer("/netboot/allowPXE").and_then(|v| v.as_bool()) {
                         Some(true) => "PXE allowed",
                         _ => "no PXE",
@@ -619,7 +674,8 @@ async fn machine(
         key: format!("{}/{}", key.namespace, key.name),
         labels: r.labels.clone(),
         interfaces,
-        bmc: r.doc
+        bmc: r
+            .doc
             .pointer("/spec/bmcRef/name")
             .and_then(|v| v.as_str())
             .unwrap_or("")

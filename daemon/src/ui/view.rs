@@ -118,7 +118,9 @@ fn under_way(s: WfState) -> bool {
 
 /// The Workflow a machine's row shows: one under way, else the newest
 /// (by creation time, then name).
-pub fn current_workflow<'a>(wfs: impl IntoIterator<Item = &'a WorkflowRow>) -> Option<&'a WorkflowRow> {
+pub fn current_workflow<'a>(
+    wfs: impl IntoIterator<Item = &'a WorkflowRow>,
+) -> Option<&'a WorkflowRow> {
     let created = |w: &WorkflowRow| {
         w.doc
             .pointer("/metadata/creationTimestamp")
@@ -151,7 +153,10 @@ pub fn row(doc: Value, workflow: Option<&WorkflowRow>, power: Option<PowerState>
                 .collect()
         })
         .unwrap_or_default();
-    let ifaces = doc["spec"]["interfaces"].as_array().cloned().unwrap_or_default();
+    let ifaces = doc["spec"]["interfaces"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let macs = ifaces
         .iter()
         .filter_map(|i| i.pointer("/dhcp/mac").and_then(Value::as_str))
@@ -162,7 +167,8 @@ pub fn row(doc: Value, workflow: Option<&WorkflowRow>, power: Option<PowerState>
         .filter_map(|i| i.pointer("/dhcp/ip/address").and_then(Value::as_str))
         .map(String::from)
         .collect();
-    let held = meta["labels"][crate::cleaning::OWNER_NAME].as_str() == Some(crate::cleaning::HOLDER);
+    let held =
+        meta["labels"][crate::cleaning::OWNER_NAME].as_str() == Some(crate::cleaning::HOLDER);
     let discovered = meta["labels"]
         .get(crate::discovery::hardware::DISCOVERED_LABEL)
         .is_some();
@@ -278,7 +284,11 @@ mod tests {
             "w2",
             "2026-01-02T00:00:00Z",
             WfState::Running,
-            &[("stream", WfState::Success), ("cloud-init", WfState::Running), ("reboot", WfState::Pending)],
+            &[
+                ("stream", WfState::Success),
+                ("cloud-init", WfState::Running),
+                ("reboot", WfState::Pending),
+            ],
         );
         let old = wf("w1", "2026-01-03T00:00:00Z", WfState::Success, &[]);
         // The running one wins over a newer finished one.
@@ -294,13 +304,22 @@ mod tests {
         );
         assert_eq!(r.macs, ["52:54:00:aa:00:01"]);
         assert_eq!(r.ips, ["10.0.0.5"]);
-        assert_eq!(row(hw("m", json!({})), Some(&old), None).state, Lifecycle::Installed);
+        assert_eq!(
+            row(hw("m", json!({})), Some(&old), None).state,
+            Lifecycle::Installed
+        );
         let failed = wf("w3", "", WfState::Timeout, &[]);
-        assert_eq!(row(hw("m", json!({})), Some(&failed), None).state, Lifecycle::Failed);
+        assert_eq!(
+            row(hw("m", json!({})), Some(&failed), None).state,
+            Lifecycle::Failed
+        );
         let d = hw("m", json!({"tinkerbell.org/auto-discovered": "true"}));
         assert_eq!(row(d, None, None).state, Lifecycle::Discovered);
         assert_eq!(row(hw("m", json!({})), None, None).state, Lifecycle::Idle);
-        let held = hw("m", json!({"v1alpha1.tinkerbell.org/ownerName": "tinkerbox_cleaning"}));
+        let held = hw(
+            "m",
+            json!({"v1alpha1.tinkerbell.org/ownerName": "tinkerbox_cleaning"}),
+        );
         assert_eq!(row(held, Some(&running), None).state, Lifecycle::Cleaning);
         // Newest of the finished, by creation time.
         let newer = wf("a", "2026-02-01T00:00:00Z", WfState::Failed, &[]);

@@ -1,0 +1,197 @@
+//! The web UI in a real browser: Debian's headless Chromium, driven over
+//! WebDriver (chromedriver, with the fantoccini client). It logs in with
+//! the admin token, finds a machine by searching, opens its page and
+//! watches its Workflow progress there, without a reload, while the
+//! upstream-proto gRPC peer reports its actions. With
+//! `TB_UI_SCREENSHOTS=DIR` it also saves the pages as PNGs (the README's
+//! screenshots: `TB_UI_SCREENSHOTS=docs/ui cargo nextest run ui_browser`).
+
+use crate::common::*;
+use crate::tink::peer;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MAC: &str = "52:54:00:ee:00:01";
+
+/// chromedriver on a free port, stopped by PID when dropped.
+struct Driver {
+    child: Child,
+    port: u16,
+}
+
+impl Driver {
+    fn start(dir: &std::path::Path) -> Driver {
+        for bin in ["/usr/bin/chromium", "/usr/bin/chromedriver"] {
+            assert!(
+                std::path::Path::new(bin).exists(),
+                "{bin} is missing: tests/deps installs chromium and chromium-driver"
+            );
+        }
+        let port = free_port();
+        let log = std::fs::File::create(dir.join("chromedriver.log")).unwrap();
+        let child = Command::new("/usr/bin/chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let d = Driver { child, port };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "chromedriver never listened");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        d
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn browser(port: u16) -> Client {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--window-size=1360,900"],
+        }),
+    );
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("a Chromium session through chromedriver")
+}
+
+/// The page's JavaScript value of `expr`.
+async fn js(c: &Client, expr: &str) -> serde_json::Value {
+    c.execute(&format!("return {expr};"), vec![]).await.unwrap()
+}
+
+/// Wait (bounded) until `expr` is true in the page.
+async fn until(c: &Client, secs: u64, expr: &str) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while js(c, expr).await != json!(true) {
+        assert!(
+            Instant::now() < deadline,
+            "{expr} never true; the page:\n{}",
+            js(c, "document.body.innerText").await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn shot(c: &Client, name: &str) {
+    if let Ok(dir) = std::env::var("TB_UI_SCREENSHOTS") {
+        let png = c.screenshot().await.unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(std::path::Path::new(&dir).join(name), png).unwrap();
+    }
+}
+
+#[test]
+fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
+    let d = Daemon::start();
+    let mut docs = String::new();
+    for (i, name) in ["web-01", "web-02", "db-01"].iter().enumerate() {
+        let mac = if i == 0 {
+            MAC.to_string()
+        } else {
+            format!("52:54:00:ee:00:1{i}")
+        };
+        docs += &hw_doc(name, &mac, &format!("10.2.0.{}", 11 + i));
+        docs += "---\n";
+    }
+    docs += &crate::kube::workflow_docs(
+        "install",
+        &["stream-image", "cloud-init", "reboot"],
+        "web-01-install",
+        "web-01",
+        MAC,
+        "",
+    );
+    let f = write_file(&d.dir, "docs.yaml", &docs);
+    d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    let driver = Driver::start(&d.dir);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = browser(driver.port).await;
+        // The login page; then in with the token.
+        c.goto(&d.api_url("/ui/")).await.unwrap();
+        until(&c, 10, "location.pathname === '/ui/login'").await;
+        shot(&c, "login.png").await;
+        c.find(Locator::Css("#token"))
+            .await
+            .unwrap()
+            .send_keys(&d.token())
+            .await
+            .unwrap();
+        c.find(Locator::Css("button[type=submit]"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        until(&c, 10, "location.pathname === '/ui/'").await;
+        until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 3").await;
+        // The session cookie is not for scripts.
+        assert_eq!(js(&c, "document.cookie").await, json!(""));
+        shot(&c, "machines.png").await;
+
+        // Find it: a search by part of its MAC.
+        let q = c.find(Locator::Css("input[name=q]")).await.unwrap();
+        q.send_keys("ee:00:01\n").await.unwrap();
+        until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 1").await;
+        c.find(Locator::LinkText("web-01"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        until(&c, 10, "location.pathname === '/ui/machines/default/web-01'").await;
+        until(&c, 10, "document.getElementById('live').classList.contains('on')").await;
+        // A mark a reload would lose.
+        js(&c, "(window.stillHere = true)").await;
+
+        // The agent takes the first two actions and hangs in the third:
+        // the page shows it, live.
+        let out = peer(&d, &["agent", MAC, "--hang", "reboot", "--polls", "400"]);
+        assert!(out.iter().any(|e| e["event"] == "hung"), "{out:#?}");
+        until(
+            &c,
+            20,
+            "document.querySelector('#workflow').innerText.includes('RUNNING') && \
+             document.querySelectorAll('#workflow tr.ok').length === 2 && \
+             document.querySelector('#workflow tr.run') !== null && \
+             document.querySelector('#workflow tr.run').innerText.includes('reboot')",
+        )
+        .await;
+        until(&c, 10, "document.querySelector('#workflow progress').value === 66").await;
+        until(
+            &c,
+            10,
+            "[...document.querySelectorAll('#timeline .kind')].some(k => k.innerText === 'workflow.action_succeeded')",
+        )
+        .await;
+        assert_eq!(js(&c, "window.stillHere === true").await, json!(true), "the page reloaded");
+        shot(&c, "machine.png").await;
+
+        // Back on the list, the row shows the Workflow under way.
+        c.goto(&d.api_url("/ui/?state=installing")).await.unwrap();
+        until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 1").await;
+        until(&c, 10, "document.querySelector('#machines tbody tr').innerText.includes('web-01-install (2/3)')").await;
+        c.close().await.unwrap();
+    });
+    drop(driver);
+}
