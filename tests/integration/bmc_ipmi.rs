@@ -62,7 +62,7 @@ esac
 "#;
 
 /// One ipmi_sim on 127.0.0.1:`port`, killed by PID on drop.
-struct Sim {
+pub(crate) struct Sim {
     child: Child,
     port: u16,
     dir: PathBuf,
@@ -70,7 +70,7 @@ struct Sim {
 }
 
 impl Sim {
-    fn start() -> Sim {
+    pub(crate) fn start() -> Sim {
         check_prerequisites();
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
@@ -195,7 +195,7 @@ set_working_mc 0x20
         std::fs::write(self.dir.join("requests"), "").unwrap();
     }
 
-    fn power_file(&self) -> String {
+    pub(crate) fn power_file(&self) -> String {
         std::fs::read_to_string(self.dir.join("power"))
             .unwrap()
             .trim()
@@ -557,7 +557,7 @@ fn ipmi_unreachable_bmc_times_out() {
 
 /// Rufio's documents for the simulator: its credentials' Secret and a BMC
 /// Machine `ipmi-1` that reaches it over IPMI only.
-fn machine_docs(sim: &Sim) -> String {
+pub(crate) fn machine_docs(sim: &Sim) -> String {
     format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: ipmi-creds}}\ndata: {{username: YWRtaW4=, password: \"{}\"}}\n---\napiVersion: bmc.tinkerbell.org/v1alpha1\nkind: Machine\nmetadata: {{name: ipmi-1}}\nspec:\n  connection:\n    host: 127.0.0.1\n    port: {}\n    insecureTLS: false\n    authSecretRef: {{name: ipmi-creds}}\n    providerOptions: {{preferredOrder: [ipmitool], ipmitool: {{cipherSuite: \"3\"}}}}\n",
         base64_of(PASSWORD),

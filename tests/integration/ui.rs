@@ -91,6 +91,17 @@ fn login_pages_filters_the_live_feed_and_logout() {
     );
     assert_eq!(get(&d, jar, "/ui/stream").0, "401");
     assert_eq!(get(&d, jar, "/ui/machines/default/web-01/row").0, "401");
+    assert_eq!(
+        post(
+            &d,
+            jar,
+            "/ui/machines/default/web-01/action",
+            "csrf=x&action=power-off"
+        )
+        .0,
+        "401",
+        "an action without a session"
+    );
     // The API's bearer check is not the UI's, nor the other way round.
     assert_eq!(d.http_status(&d.api_url("/api/v1/hardware")), "401");
 

@@ -2,7 +2,9 @@
 //! WebDriver (chromedriver, with the fantoccini client). It logs in with
 //! the admin token, finds a machine by searching, opens its page and
 //! watches its Workflow progress there, without a reload, while the
-//! upstream-proto gRPC peer reports its actions. With
+//! upstream-proto gRPC peer reports its actions; powers it on and off with
+//! the page's buttons (confirmed) and sees the BMC jobs run against
+//! ipmi_sim; and has a forged action refused. With
 //! `TB_UI_SCREENSHOTS=DIR` it also saves the pages as PNGs (the README's
 //! screenshots: `TB_UI_SCREENSHOTS=docs/ui cargo nextest run ui_browser`).
 
@@ -118,6 +120,15 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         MAC,
         "",
     );
+    // web-01's BMC: ipmi_sim, as Rufio's Machine `ipmi-1`.
+    let docs = docs.replacen(
+        "spec:\n  interfaces:",
+        "spec:\n  bmcRef: {apiGroup: bmc.tinkerbell.org, kind: Machine, name: ipmi-1}\n  interfaces:",
+        1,
+    );
+    let sim = crate::bmc_ipmi::Sim::start();
+    let f = write_file(&d.dir, "bmc.yaml", &crate::bmc_ipmi::machine_docs(&sim));
+    d.cli_ok(&["bmc", "apply", "-f", f.to_str().unwrap()]);
     let f = write_file(&d.dir, "docs.yaml", &docs);
     d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
     let driver = Driver::start(&d.dir);
@@ -171,13 +182,13 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         until(
             &c,
             20,
-            "document.querySelector('#workflow').innerText.includes('RUNNING') && \
-             document.querySelectorAll('#workflow tr.ok').length === 2 && \
-             document.querySelector('#workflow tr.run') !== null && \
-             document.querySelector('#workflow tr.run').innerText.includes('reboot')",
+            "document.querySelector('#panels').innerText.includes('RUNNING') && \
+             document.querySelectorAll('#panels tr.ok').length === 2 && \
+             document.querySelector('#panels tr.run') !== null && \
+             document.querySelector('#panels tr.run').innerText.includes('reboot')",
         )
         .await;
-        until(&c, 10, "document.querySelector('#workflow progress').value === 66").await;
+        until(&c, 10, "document.querySelector('#panels progress').value === 66").await;
         until(
             &c,
             10,
@@ -186,6 +197,50 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         .await;
         assert_eq!(js(&c, "window.stillHere === true").await, json!(true), "the page reloaded");
         shot(&c, "machine.png").await;
+
+        // Power on, then off, with the buttons: each asks first, then its
+        // BMC job runs against ipmi_sim and the page follows it.
+        for (button, power, done) in [("power-on", "1", "power on"), ("power-off", "0", "power off")] {
+            c.find(Locator::Css(&format!("button[value={button}]")))
+                .await
+                .unwrap()
+                .click()
+                .await
+                .unwrap();
+            let asked = c.get_alert_text().await.unwrap();
+            assert!(asked.contains("web-01"), "{asked}");
+            c.accept_alert().await.unwrap();
+            until(&c, 10, "document.querySelector('.notice') !== null").await;
+            until(
+                &c,
+                30,
+                &format!(
+                    "[...document.querySelectorAll('#panels table.jobs tr.ok')].some(r => r.innerText.includes('{done}'))"
+                ),
+            )
+            .await;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while sim.power_file() != power {
+                assert!(Instant::now() < deadline, "ipmi_sim never saw {button}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        // The Machine's power, as the BMC poll or job left it.
+        c.refresh().await.unwrap();
+        until(&c, 10, "document.querySelector('h1 .power.off') !== null").await;
+        // A forged action (the wrong CSRF token) is refused.
+        let status = c
+            .execute_async(
+                "const done = arguments[arguments.length - 1];
+                 fetch(location.pathname + '/action', {method: 'POST',
+                     body: new URLSearchParams({csrf: 'forged', action: 'power-on'})})
+                   .then(r => done(r.status));",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(status, json!(403));
+        assert_eq!(sim.power_file(), "0");
 
         // Back on the list, the row shows the Workflow under way.
         c.goto(&d.api_url("/ui/?state=installing")).await.unwrap();

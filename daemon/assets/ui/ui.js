@@ -2,9 +2,16 @@
 // it, an EventSource on /ui/stream brings each stored event as it lands:
 // the machines list re-fetches the rows of the machines an event names
 // (at most once per half second each), a machine's page prepends the
-// event to its timeline and re-fetches its Workflow panel.
+// event to its timeline and re-fetches its Workflow and BMC jobs panels.
 "use strict";
 (function () {
+  // A button that asks first (power, netboot): the form posts only once
+  // confirmed. Without the script the buttons post at once.
+  document.addEventListener("click", (e) => {
+    const b = e.target.closest("button[data-confirm]");
+    if (b && !window.confirm(b.dataset.confirm)) e.preventDefault();
+  });
+
   const live = document.getElementById("live");
   const list = document.getElementById("machines");
   const page = document.querySelector(".machine[data-machine]");
@@ -71,12 +78,10 @@
       if (list) refreshRow(key);
       if (page && key === page.dataset.machine) {
         prepend(e);
-        if (e.kind.startsWith("workflow.") || e.kind.startsWith("hardware.")) {
-          soon("workflow", async () => {
-            const f = await fragment("/ui/machines/" + key + "/workflow");
-            if (f) document.getElementById("workflow").replaceChildren(f);
-          });
-        }
+        soon("panels", async () => {
+          const f = await fragment("/ui/machines/" + key + "/panels");
+          if (f) document.getElementById("panels").replaceChildren(f);
+        });
       }
     }
   };

@@ -62,8 +62,12 @@ pub fn router(app: Arc<App>, token: Arc<str>, secure: bool) -> Router {
         .route("/ui/machines/{namespace}/{name}", get(machine))
         .route("/ui/machines/{namespace}/{name}/row", get(machine_row))
         .route(
-            "/ui/machines/{namespace}/{name}/workflow",
-            get(machine_workflow),
+            "/ui/machines/{namespace}/{name}/panels",
+            get(machine_panels),
+        )
+        .route(
+            "/ui/machines/{namespace}/{name}/action",
+            post(machine_action),
         )
         .route("/ui/stream", get(stream))
         .route("/ui/logout", post(logout))
@@ -120,7 +124,7 @@ async fn authenticated(
         }
         None if req.method() == axum::http::Method::GET
             && !req.uri().path().ends_with("/row")
-            && !req.uri().path().ends_with("/workflow")
+            && !req.uri().path().ends_with("/panels")
             && req.uri().path() != "/ui/stream" =>
         {
             Redirect::to("/ui/login").into_response()
@@ -561,15 +565,72 @@ struct MachinePage {
     bmc: String,
     facts: Vec<(String, String)>,
     workflow: Option<WorkflowView>,
+    jobs: Vec<JobView>,
+    notice: Option<String>,
     events: Vec<EventView>,
     last_id: i64,
     document: String,
 }
 
 #[derive(Template)]
-#[template(path = "ui/workflow.html")]
-struct WorkflowFragment {
+#[template(path = "ui/panels.html")]
+struct PanelsFragment {
     workflow: Option<WorkflowView>,
+    jobs: Vec<JobView>,
+}
+
+/// A BMC job, as the machine's page lists it.
+struct JobView {
+    name: String,
+    what: String,
+    state: String,
+    class: &'static str,
+    message: String,
+    when: String,
+}
+
+/// The newest jobs of BMC Machine `bmc`.
+async fn jobs(app: &App, bmc: Option<Key>) -> Result<Vec<JobView>, crate::store::StoreError> {
+    use crate::store::bmc::State as J;
+    let Some(bmc) = bmc else { return Ok(vec![]) };
+    let now = now_ms();
+    let mut all: Vec<_> = app
+        .store
+        .jobs(None)
+        .await?
+        .into_iter()
+        .filter(|j| j.machine.as_ref() == Some(&bmc))
+        .collect();
+    all.reverse();
+    Ok(all
+        .into_iter()
+        .take(8)
+        .map(|j| JobView {
+            what: j
+                .tasks
+                .iter()
+                .map(|t| t.describe())
+                .collect::<Vec<_>>()
+                .join(", "),
+            name: j.name,
+            state: format!("{:?}", j.state),
+            class: match j.state {
+                J::Completed => "ok",
+                J::Failed => "bad",
+                J::Running | J::Pending => "run",
+            },
+            message: j.message.unwrap_or_default(),
+            when: view::ago(j.created_ms, now),
+        })
+        .collect())
+}
+
+/// The machine's BMC Machine, from its Hardware's `bmcRef`.
+fn bmc_of(doc: &serde_json::Value, key: &Key) -> Option<Key> {
+    doc.pointer("/spec/bmcRef/name")
+        .and_then(|v| v.as_str())
+        .filter(|n| !n.is_empty())
+        .map(|n| Key::new(key.namespace.clone(), n))
 }
 
 /// What the agent reported of the machine (its attributes annotation) and
@@ -619,10 +680,17 @@ fn facts(doc: &serde_json::Value) -> Vec<(String, String)> {
     out
 }
 
+#[derive(Deserialize, Default)]
+struct MachineQuery {
+    /// A BMC job the last action started, to say so.
+    job: Option<String>,
+}
+
 async fn machine(
     State(ui): State<Shared>,
     axum::Extension(cur): axum::Extension<Current>,
     Path((ns, name)): Path<(String, String)>,
+    Query(mq): Query<MachineQuery>,
 ) -> Response {
     let key = Key::new(ns, name);
     let app = &ui.app;
@@ -647,6 +715,10 @@ async fn machine(
         .and_then(|d| i64::try_from(d.as_millis()).ok());
     let workflow = match current_workflow(app, &key).await {
         Ok(w) => w.as_ref().map(workflow_view),
+        Err(e) => return failed(e),
+    };
+    let jobs = match jobs(app, bmc_of(&r.doc, &key)).await {
+        Ok(j) => j,
         Err(e) => return failed(e),
     };
     let interfaces = r.doc["spec"]["interfaces"]
@@ -682,6 +754,10 @@ async fn machine(
             .to_string(),
         facts: facts(&r.doc),
         workflow,
+        jobs,
+        notice: mq
+            .job
+            .map(|j| format!("BMC job {j} started: its progress shows below and on the timeline.")),
         last_id: events.last().map_or(0, |e| e.id),
         events: events
             .into_iter()
@@ -710,15 +786,109 @@ async fn current_workflow(
     Ok(view::current_workflow(mine).cloned())
 }
 
-async fn machine_workflow(
+/// The Workflow and BMC jobs panels, for the page's live updates.
+async fn machine_panels(
     State(ui): State<Shared>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
-    match current_workflow(&ui.app, &Key::new(ns, name)).await {
-        Ok(w) => html(&WorkflowFragment {
-            workflow: w.as_ref().map(workflow_view),
-        }),
-        Err(e) => failed(e),
+    let key = Key::new(ns, name);
+    let app = &ui.app;
+    let doc = match app.store.get(&key).await {
+        Ok(Some(d)) => d,
+        Ok(None) => return StatusCode::NOT_FOUND.into_response(),
+        Err(e) => return failed(e),
+    };
+    let (workflow, jobs) = match (
+        current_workflow(app, &key).await,
+        jobs(app, bmc_of(&doc, &key)).await,
+    ) {
+        (Ok(w), Ok(j)) => (w, j),
+        (Err(e), _) | (_, Err(e)) => return failed(e),
+    };
+    html(&PanelsFragment {
+        workflow: workflow.as_ref().map(workflow_view),
+        jobs,
+    })
+}
+
+/// What the machine page's buttons ask for.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum MachineAction {
+    PowerOn,
+    PowerOff,
+    PowerCycle,
+    Netboot,
+}
+
+#[derive(Deserialize)]
+struct ActionForm {
+    csrf: String,
+    action: MachineAction,
+}
+
+/// A button on a machine's page: its BMC job started through the
+/// services (as `tinkerbox bmc power` and `hardware netboot` start
+/// theirs), then back to the page, which follows it.
+async fn machine_action(
+    State(ui): State<Shared>,
+    axum::Extension(cur): axum::Extension<Current>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    use crate::bmc::PowerAction;
+    if !cur.csrf_ok(&f.csrf) {
+        return (
+            StatusCode::FORBIDDEN,
+            "the form's CSRF token is wrong: reload the page",
+        )
+            .into_response();
+    }
+    let key = Key::new(ns, name);
+    let s = &ui.app.services;
+    let doc = match ui.app.store.get(&key).await {
+        Ok(Some(d)) => d,
+        Ok(None) => return (StatusCode::NOT_FOUND, format!("no Hardware {key}")).into_response(),
+        Err(e) => return failed(e),
+    };
+    let Some(bmc) = bmc_of(&doc, &key) else {
+        return (
+            StatusCode::CONFLICT,
+            format!("Hardware {key} has no bmcRef: tinkerbox cannot power it"),
+        )
+            .into_response();
+    };
+    let power = |a: PowerAction| crate::bmc::model::Action {
+        power_action: Some(a),
+        ..Default::default()
+    };
+    let started = match f.action {
+        MachineAction::PowerOn => {
+            s.bmc
+                .start_job(&bmc, "power-on", vec![power(PowerAction::On)])
+                .await
+        }
+        MachineAction::PowerOff => {
+            s.bmc
+                .start_job(&bmc, "power-off", vec![power(PowerAction::Off)])
+                .await
+        }
+        MachineAction::PowerCycle => {
+            s.bmc
+                .start_job(&bmc, "power-cycle", vec![power(PowerAction::Cycle)])
+                .await
+        }
+        MachineAction::Netboot => s.bmc.netboot(&s.hardware, &key).await,
+    };
+    match started {
+        Ok(job) => {
+            let q = url::form_urlencoded::Serializer::new(String::new())
+                .append_pair("job", &job.name)
+                .finish();
+            Redirect::to(&format!("/ui/machines/{}/{}?{q}", key.namespace, key.name))
+                .into_response()
+        }
+        Err(e) => (StatusCode::CONFLICT, e.to_string()).into_response(),
     }
 }
 
