@@ -12,6 +12,7 @@ LAB_PACKAGES=(
     iproute2                               # namespaces, bridge, taps, veths
     dnsmasq-base                           # the reference DHCP/TFTP server
     isc-dhcp-client tftp-hpa curl tcpdump  # plain clients and troubleshooting
+    socat                                  # the demo: the lab's web UI on this host's loopback
     python3                                # HTTP server and UDP listener of the selftest
 )
 LAB_BRIDGE=${LAB_BRIDGE:-br0}

@@ -355,6 +355,23 @@ impl Store {
         rows.into_iter().map(job_row).collect()
     }
 
+    /// The newest `limit` jobs of BMC Machine `machine`, newest first.
+    pub async fn jobs_of_machine(
+        &self,
+        machine: &Key,
+        limit: u32,
+    ) -> Result<Vec<JobRow>, StoreError> {
+        let rows: Vec<JobTuple> = sqlx::query_as(select_jobs!(
+            "WHERE machine_ns = ?1 AND machine_name = ?2 ORDER BY id DESC LIMIT ?3"
+        ))
+        .bind(&machine.namespace)
+        .bind(&machine.name)
+        .bind(i64::from(limit))
+        .fetch_all(self.pool())
+        .await?;
+        rows.into_iter().map(job_row).collect()
+    }
+
     /// Persist a job's progress (synchronous = FULL: it survives a crash).
     pub async fn save_job(&self, j: &JobRow) -> Result<(), StoreError> {
         sqlx::query(

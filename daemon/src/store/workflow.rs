@@ -320,6 +320,20 @@ impl Store {
         rows.into_iter().map(row).collect()
     }
 
+    /// The Workflows whose `spec.hardwareRef` is Hardware `hw`.
+    pub async fn workflows_of_hardware(&self, hw: &Key) -> Result<Vec<WorkflowRow>, StoreError> {
+        let rows: Vec<(String, String, String, String, i64)> = sqlx::query_as(
+            "SELECT namespace, name, doc, status, version FROM workflows
+             WHERE namespace = ?1 AND json_extract(doc, '$.spec.hardwareRef') = ?2
+             ORDER BY name",
+        )
+        .bind(&hw.namespace)
+        .bind(&hw.name)
+        .fetch_all(self.pool())
+        .await?;
+        rows.into_iter().map(row).collect()
+    }
+
     /// The workflows with a task for `agent`, oldest first. (Upstream
     /// finds them by status.agentID, the first task's agent, so the agent
     /// of a second task is never served.)

@@ -484,11 +484,8 @@ async fn one_row(app: &App, key: &Key) -> Result<Option<Row>, crate::store::Stor
     let Some(doc) = app.store.get(key).await? else {
         return Ok(None);
     };
-    let workflows = app.store.workflows(Some(&key.namespace), &[]).await?;
-    let mine = workflows.iter().filter(|w| {
-        w.doc.pointer("/spec/hardwareRef").and_then(|v| v.as_str()) == Some(key.name.as_str())
-    });
-    let wf = view::current_workflow(mine);
+    let workflows = app.store.workflows_of_hardware(key).await?;
+    let wf = view::current_workflow(&workflows);
     let power = match doc.pointer("/spec/bmcRef/name").and_then(|v| v.as_str()) {
         Some(b) => app
             .store
@@ -594,17 +591,11 @@ async fn jobs(app: &App, bmc: Option<Key>) -> Result<Vec<JobView>, crate::store:
     use crate::store::bmc::State as J;
     let Some(bmc) = bmc else { return Ok(vec![]) };
     let now = now_ms();
-    let mut all: Vec<_> = app
+    Ok(app
         .store
-        .jobs(None)
+        .jobs_of_machine(&bmc, 8)
         .await?
         .into_iter()
-        .filter(|j| j.machine.as_ref() == Some(&bmc))
-        .collect();
-    all.reverse();
-    Ok(all
-        .into_iter()
-        .take(8)
         .map(|j| JobView {
             what: j
                 .tasks
@@ -779,11 +770,8 @@ async fn current_workflow(
     app: &App,
     key: &Key,
 ) -> Result<Option<crate::store::workflow::WorkflowRow>, crate::store::StoreError> {
-    let workflows = app.store.workflows(Some(&key.namespace), &[]).await?;
-    let mine = workflows.iter().filter(|w| {
-        w.doc.pointer("/spec/hardwareRef").and_then(|v| v.as_str()) == Some(key.name.as_str())
-    });
-    Ok(view::current_workflow(mine).cloned())
+    let workflows = app.store.workflows_of_hardware(key).await?;
+    Ok(view::current_workflow(&workflows).cloned())
 }
 
 /// The Workflow and BMC jobs panels, for the page's live updates.
