@@ -154,6 +154,18 @@ fn login_pages_filters_the_live_feed_and_logout() {
         "{body}"
     );
 
+    // The dashboard: the machines per state, the health lines, events.
+    let (code, _, body) = get(&d, jar, "/ui/dashboard");
+    assert_eq!(code, "200");
+    assert!(
+        body.contains("<b>2</b> machines") && body.contains("<li>ok</li>"),
+        "{body}"
+    );
+    assert!(
+        body.contains("default/web-01: Hardware default/web-01 created"),
+        "{body}"
+    );
+
     // A machine's page: its interface and its timeline.
     let (code, _, body) = get(&d, jar, "/ui/machines/default/web-01");
     assert_eq!(code, "200");

@@ -160,6 +160,21 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         assert_eq!(js(&c, "document.cookie").await, json!(""));
         shot(&c, "machines.png").await;
 
+        // The dashboard: counts, health, and every machine's events, live.
+        c.goto(&d.api_url("/ui/dashboard")).await.unwrap();
+        until(&c, 10, "document.getElementById('live').classList.contains('on')").await;
+        let f = write_file(&d.dir, "new.yaml", &hw_doc("new-01", "52:54:00:ee:00:99", "10.2.0.99"));
+        d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+        until(
+            &c,
+            10,
+            "document.querySelector('#timeline li').innerText.includes('default/new-01: Hardware default/new-01 created')",
+        )
+        .await;
+        assert_eq!(js(&c, "document.querySelector('.health li').innerText").await, json!("ok"));
+        shot(&c, "dashboard.png").await;
+        c.goto(&d.api_url("/ui/")).await.unwrap();
+
         // Find it: a search by part of its MAC.
         let q = c.find(Locator::Css("input[name=q]")).await.unwrap();
         q.send_keys("ee:00:01\n").await.unwrap();

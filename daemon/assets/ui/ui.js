@@ -2,7 +2,8 @@
 // it, an EventSource on /ui/stream brings each stored event as it lands:
 // the machines list re-fetches the rows of the machines an event names
 // (at most once per half second each), a machine's page prepends the
-// event to its timeline and re-fetches its Workflow and BMC jobs panels.
+// event to its timeline and re-fetches its Workflow and BMC jobs panels;
+// the dashboard prepends every event to its own.
 "use strict";
 (function () {
   // A button that asks first (power, netboot): the form posts only once
@@ -15,12 +16,11 @@
   const live = document.getElementById("live");
   const list = document.getElementById("machines");
   const page = document.querySelector(".machine[data-machine]");
-  if (!list && !page) return;
-
-  let url = "/ui/stream";
-  if (page) {
-    url += "?machine=" + encodeURIComponent(page.dataset.machine) + "&after=" + page.dataset.last;
-  }
+  const timeline = document.getElementById("timeline");
+  // The list follows every machine; a timeline (a machine's, or the
+  // dashboard's) the stream it names, resumed after its newest event.
+  const url = list ? "/ui/stream" : timeline && timeline.dataset.stream;
+  if (!url) return;
   const source = new EventSource(url);
   source.onopen = () => live && live.classList.add("on");
   source.onerror = () => live && live.classList.remove("on");
@@ -54,7 +54,7 @@
   }
 
   function prepend(e) {
-    const ol = document.getElementById("timeline");
+    const ol = timeline;
     if (!ol || ol.querySelector('li[data-id="' + e.id + '"]')) return;
     const li = document.createElement("li");
     li.dataset.id = e.id;
@@ -64,7 +64,8 @@
     const kind = document.createElement("span");
     kind.className = "kind";
     kind.textContent = e.kind;
-    li.append(time, " ", kind, " ", e.message);
+    const who = ol.dataset.who && e.name ? e.namespace + "/" + e.name + ": " : "";
+    li.append(time, " ", kind, " ", who + e.message);
     ol.prepend(li);
     while (ol.children.length > 500) ol.lastElementChild.remove();
   }
@@ -73,6 +74,7 @@
     let rows;
     try { rows = JSON.parse(m.data); } catch (_) { return; }
     for (const e of rows) {
+      if (timeline && !page) prepend(e);
       if (!e.name) continue;
       const key = e.namespace + "/" + e.name;
       if (list) refreshRow(key);

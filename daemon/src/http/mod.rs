@@ -141,6 +141,11 @@ pub fn count(metrics: &Metrics, listener: Listener, status: StatusCode) {
 /// second line says whether the mirror is current; a stale mirror is still
 /// healthy (the boot path serves from it), so the line only reports it.
 async fn healthz(State(app): State<Arc<App>>) -> impl IntoResponse {
+    health(&app).await
+}
+
+/// `/healthz`'s answer (also the web UI dashboard's health lines).
+pub async fn health(app: &App) -> (StatusCode, String) {
     match tokio::time::timeout(Duration::from_secs(1), app.store.ping()).await {
         Ok(Ok(())) => {
             let kube = app.kube.as_ref().map(|s| {
@@ -168,7 +173,7 @@ async fn healthz(State(app): State<Arc<App>>) -> impl IntoResponse {
                 format!(
                     "ok\n{}{}",
                     kube.unwrap_or_default(),
-                    discovery_health(&app).unwrap_or_default()
+                    discovery_health(app).unwrap_or_default()
                 ),
             )
         }

@@ -11,6 +11,7 @@
 //! come from the store and the event log; actions go through the
 //! services, as the CLI's do.
 
+pub mod rates;
 pub mod session;
 pub mod view;
 
@@ -46,6 +47,8 @@ struct Ui {
     sessions: Sessions,
     /// Cookies marked Secure: the admin listener speaks TLS.
     secure: bool,
+    /// The dashboard's counters, sampled.
+    samples: rates::Samples,
 }
 
 type Shared = Arc<Ui>;
@@ -56,9 +59,12 @@ pub fn router(app: Arc<App>, token: Arc<str>, secure: bool) -> Router {
         token,
         sessions: Sessions::default(),
         secure,
+        samples: rates::Samples::default(),
     });
+    tokio::spawn(sample(Arc::downgrade(&ui)));
     let private = Router::new()
         .route("/ui/", get(machines))
+        .route("/ui/dashboard", get(dashboard))
         .route("/ui/machines/{namespace}/{name}", get(machine))
         .route("/ui/machines/{namespace}/{name}/row", get(machine_row))
         .route(
@@ -250,6 +256,100 @@ async fn asset(Path(file): Path<String>) -> Response {
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
     ([(header::CONTENT_TYPE, kind)], body).into_response()
+}
+
+// ---- the dashboard ----
+
+/// Sample the metrics every [`rates::EVERY`] while the UI is served.
+async fn sample(ui: std::sync::Weak<Ui>) {
+    let mut tick = tokio::time::interval(rates::EVERY);
+    loop {
+        tick.tick().await;
+        let Some(ui) = ui.upgrade() else { return };
+        ui.samples
+            .push(now_ms(), rates::read(&ui.app.metrics.render()));
+    }
+}
+
+#[derive(Template)]
+#[template(path = "ui/dashboard.html")]
+struct DashboardPage {
+    csrf: String,
+    total: usize,
+    counts: Vec<(&'static str, usize)>,
+    rates: Vec<(&'static str, String)>,
+    hour: Vec<(&'static str, String)>,
+    minutes: i64,
+    healthy: bool,
+    health: Vec<String>,
+    events: Vec<EventView>,
+    last_id: i64,
+}
+
+async fn dashboard(
+    State(ui): State<Shared>,
+    axum::Extension(cur): axum::Extension<Current>,
+) -> Response {
+    let app = &ui.app;
+    let all = match rows(app).await {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    let counts = Lifecycle::ALL
+        .iter()
+        .map(|l| (l.as_str(), all.iter().filter(|r| r.state == *l).count()))
+        .collect();
+    // The current counters too, so that a fresh start shows something.
+    ui.samples
+        .push(now_ms(), rates::read(&app.metrics.render()));
+    let m = ui.samples.summary();
+    let (code, health) = crate::http::health(app).await;
+    let events = app
+        .event_log
+        .query(&EventQuery {
+            machine: None,
+            after: None,
+            limit: 30,
+        })
+        .await
+        .unwrap_or_default();
+    html(&DashboardPage {
+        csrf: cur.session.csrf.clone(),
+        total: all.len(),
+        counts,
+        rates: vec![
+            ("DHCP replies/s", format!("{:.1}", m.dhcp_per_s)),
+            ("TFTP transfers/s", format!("{:.1}", m.tftp_per_s)),
+            ("HTTP requests/s", format!("{:.1}", m.http_per_s)),
+        ],
+        hour: vec![
+            ("boots", format!("{:.0}", m.boots)),
+            ("installs", format!("{:.0}", m.installs)),
+            ("failed Workflows", format!("{:.0}", m.failures)),
+        ],
+        minutes: m.minutes,
+        healthy: code.is_success(),
+        health: health.lines().map(String::from).collect(),
+        last_id: events.last().map_or(0, |e| e.id),
+        events: events.into_iter().rev().map(event_view).collect(),
+    })
+}
+
+fn event_view(e: EventRow) -> EventView {
+    let who = match (&e.namespace, &e.name) {
+        (Some(ns), Some(n)) => format!("{ns}/{n}"),
+        _ => String::new(),
+    };
+    EventView {
+        id: e.id,
+        time: e.time,
+        kind: e.kind,
+        message: if who.is_empty() {
+            e.message
+        } else {
+            format!("{who}: {}", e.message)
+        },
+    }
 }
 
 // ---- the machines list ----
