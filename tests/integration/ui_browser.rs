@@ -257,6 +257,14 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         assert_eq!(status, json!(403));
         assert_eq!(sim.power_file(), "0");
 
+        // The Workflows list, and its Template rendered for the machine
+        // (device_1 its MAC), as a check before running it.
+        c.goto(&d.api_url("/ui/workflows")).await.unwrap();
+        until(&c, 10, "document.querySelector('table.objects').innerText.includes('web-01-install')").await;
+        c.goto(&d.api_url("/ui/templates/default/install?for=web-01")).await.unwrap();
+        until(&c, 10, &format!("document.querySelector('pre.rendered').innerText.includes('worker: \"{MAC}\"')")).await;
+        shot(&c, "template.png").await;
+
         // Back on the list, the row shows the Workflow under way.
         c.goto(&d.api_url("/ui/?state=installing")).await.unwrap();
         until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 1").await;

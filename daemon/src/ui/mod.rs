@@ -11,6 +11,7 @@
 //! come from the store and the event log; actions go through the
 //! services, as the CLI's do.
 
+mod objects;
 pub mod rates;
 pub mod session;
 pub mod view;
@@ -65,6 +66,8 @@ pub fn router(app: Arc<App>, token: Arc<str>, secure: bool) -> Router {
     let private = Router::new()
         .route("/ui/", get(machines))
         .route("/ui/dashboard", get(dashboard))
+        .route("/ui/{kind}", get(objects::list))
+        .route("/ui/{kind}/{namespace}/{name}", get(objects::one))
         .route("/ui/machines/{namespace}/{name}", get(machine))
         .route("/ui/machines/{namespace}/{name}/row", get(machine_row))
         .route(

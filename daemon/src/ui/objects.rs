@@ -1,0 +1,400 @@
+//! The lists and details of the other kinds: Workflows, Templates (and a
+//! Template rendered for a chosen machine, to check it before running
+//! it), WorkflowRuleSets, BMC jobs and BareMetalHosts. One list template
+//! and one detail template for all of them: a kind is its columns.
+
+use super::{Current, Shared, failed, html};
+use crate::hardware::Key;
+use askama::Template;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The kinds with a list page, by their path under `/ui/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Workflows,
+    Templates,
+    RuleSets,
+    Jobs,
+    Hosts,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 5] = [
+        Kind::Workflows,
+        Kind::Templates,
+        Kind::RuleSets,
+        Kind::Jobs,
+        Kind::Hosts,
+    ];
+
+    pub fn path(self) -> &'static str {
+        match self {
+            Kind::Workflows => "workflows",
+            Kind::Templates => "templates",
+            Kind::RuleSets => "rulesets",
+            Kind::Jobs => "jobs",
+            Kind::Hosts => "baremetalhosts",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Kind::Workflows => "Workflows",
+            Kind::Templates => "Templates",
+            Kind::RuleSets => "Rule sets",
+            Kind::Jobs => "BMC jobs",
+            Kind::Hosts => "BareMetalHosts",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.path() == s)
+    }
+
+    fn columns(self) -> &'static [&'static str] {
+        match self {
+            Kind::Workflows => &["Workflow", "Hardware", "Template", "State", "Progress"],
+            Kind::Templates => &["Template", "Lines"],
+            Kind::RuleSets => &["Rule set", "Rules", "Template", "Namespace for Workflows"],
+            Kind::Jobs => &["Job", "BMC Machine", "Tasks", "State", "Message"],
+            Kind::Hosts => &["Host", "State", "Consumer", "Online", "Powered on", "Error"],
+        }
+    }
+}
+
+/// One cell: its text, a link, a CSS class.
+pub struct Cell {
+    pub text: String,
+    pub href: Option<String>,
+    pub class: &'static str,
+}
+
+fn cell(text: impl Into<String>) -> Cell {
+    Cell {
+        text: text.into(),
+        href: None,
+        class: "",
+    }
+}
+
+fn link(text: impl Into<String>, href: String) -> Cell {
+    Cell {
+        text: text.into(),
+        href: Some(href),
+        class: "",
+    }
+}
+
+fn badge(text: impl Into<String>) -> Cell {
+    Cell {
+        text: text.into(),
+        href: None,
+        class: "badge",
+    }
+}
+
+fn s<'a>(doc: &'a Value, p: &str) -> &'a str {
+    doc.pointer(p).and_then(Value::as_str).unwrap_or("")
+}
+
+fn key_of(doc: &Value) -> Key {
+    Key::new(
+        match s(doc, "/metadata/namespace") {
+            "" => "default",
+            ns => ns,
+        },
+        s(doc, "/metadata/name"),
+    )
+}
+
+fn detail(kind: Kind, k: &Key) -> String {
+    format!("/ui/{}/{}/{}", kind.path(), k.namespace, k.name)
+}
+
+fn machine(k: &Key, name: &str) -> Cell {
+    if name.is_empty() {
+        return cell("");
+    }
+    link(name, format!("/ui/machines/{}/{name}", k.namespace))
+}
+
+#[derive(Template)]
+#[template(path = "ui/objects.html")]
+struct ListPage {
+    csrf: String,
+    title: &'static str,
+    columns: &'static [&'static str],
+    rows: Vec<(String, Vec<Cell>)>,
+}
+
+/// `/ui/{kind}`: every object of the kind, by namespace and name.
+pub(super) async fn list(
+    State(ui): State<Shared>,
+    axum::Extension(cur): axum::Extension<Current>,
+    Path(kind): Path<String>,
+) -> Response {
+    let Some(kind) = Kind::parse(&kind) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let store = &ui.app.store;
+    let rows: Result<Vec<(String, Vec<Cell>)>, crate::store::StoreError> = async {
+        Ok(match kind {
+            Kind::Workflows => store
+                .workflows(None, &[])
+                .await?
+                .iter()
+                .map(|w| {
+                    let p = super::view::Progress::of(w);
+                    let k = &w.key;
+                    (
+                        k.namespace.clone(),
+                        vec![
+                            link(&k.name, detail(kind, k)),
+                            machine(k, s(&w.doc, "/spec/hardwareRef")),
+                            link(
+                                s(&w.doc, "/spec/templateRef"),
+                                format!(
+                                    "/ui/templates/{}/{}",
+                                    k.namespace,
+                                    s(&w.doc, "/spec/templateRef")
+                                ),
+                            ),
+                            badge(p.state.as_str()),
+                            cell(format!("{}/{} actions", p.done, p.total)),
+                        ],
+                    )
+                })
+                .collect(),
+            Kind::Templates => store
+                .templates(None)
+                .await?
+                .iter()
+                .map(|t| {
+                    let k = key_of(t);
+                    (
+                        k.namespace.clone(),
+                        vec![
+                            link(&k.name, detail(kind, &k)),
+                            cell(s(t, "/spec/data").lines().count().to_string()),
+                        ],
+                    )
+                })
+                .collect(),
+            Kind::RuleSets => store
+                .rulesets(None)
+                .await?
+                .iter()
+                .map(|r| {
+                    let k = key_of(r);
+                    let rules = r
+                        .pointer("/spec/rules")
+                        .and_then(Value::as_array)
+                        .map_or(0, Vec::len);
+                    (
+                        k.namespace.clone(),
+                        vec![
+                            link(&k.name, detail(kind, &k)),
+                            cell(rules.to_string()),
+                            cell(s(r, "/spec/workflow/template/ref")),
+                            cell(s(r, "/spec/workflow/namespace")),
+                        ],
+                    )
+                })
+                .collect(),
+            Kind::Jobs => {
+                let mut jobs = store.jobs(None).await?;
+                jobs.reverse();
+                jobs.iter()
+                    .take(500)
+                    .map(|j| {
+                        let k = Key::new(j.namespace.clone(), j.name.clone());
+                        (
+                            k.namespace.clone(),
+                            vec![
+                                link(&k.name, detail(kind, &k)),
+                                cell(
+                                    j.machine
+                                        .as_ref()
+                                        .map(|m| m.name.clone())
+                                        .unwrap_or_default(),
+                                ),
+                                cell(
+                                    j.tasks
+                                        .iter()
+                                        .map(|t| t.describe())
+                                        .collect::<Vec<_>>()
+                                        .join(", "),
+                                ),
+                                badge(format!("{:?}", j.state)),
+                                cell(j.message.clone().unwrap_or_default()),
+                            ],
+                        )
+                    })
+                    .collect()
+            }
+            Kind::Hosts => store
+                .hosts(None)
+                .await?
+                .iter()
+                .map(|h| {
+                    let doc = h.with_status();
+                    let r = crate::metal3::model::row(&doc);
+                    let k = &h.key;
+                    (
+                        k.namespace.clone(),
+                        vec![
+                            link(&k.name, detail(kind, k)),
+                            badge(r.state),
+                            cell(r.consumer),
+                            cell(r.online),
+                            cell(
+                                doc.pointer("/status/poweredOn")
+                                    .map(Value::to_string)
+                                    .unwrap_or_default(),
+                            ),
+                            cell(r.error),
+                        ],
+                    )
+                })
+                .collect(),
+        })
+    }
+    .await;
+    match rows {
+        Ok(rows) => html(&ListPage {
+            csrf: cur.session.csrf.clone(),
+            title: kind.title(),
+            columns: kind.columns(),
+            rows,
+        }),
+        Err(e) => failed(e),
+    }
+}
+
+#[derive(Template)]
+#[template(path = "ui/object.html")]
+struct DetailPage {
+    csrf: String,
+    kind: &'static str,
+    title: &'static str,
+    key: String,
+    document: String,
+    /// Templates: the machines it can be rendered for, and the result.
+    render: Option<Rendered>,
+}
+
+struct Rendered {
+    machines: Vec<String>,
+    chosen: String,
+    output: Option<Result<String, String>>,
+}
+
+#[derive(Deserialize, Default)]
+pub(super) struct DetailQuery {
+    /// A Template: render it for this Hardware (same namespace).
+    #[serde(rename = "for")]
+    for_machine: Option<String>,
+}
+
+/// `/ui/{kind}/{namespace}/{name}`: the object as stored (with its
+/// status); a Template also rendered for a chosen machine.
+pub(super) async fn one(
+    State(ui): State<Shared>,
+    axum::Extension(cur): axum::Extension<Current>,
+    Path((kind, ns, name)): Path<(String, String, String)>,
+    Query(q): Query<DetailQuery>,
+) -> Response {
+    let Some(kind) = Kind::parse(&kind) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let key = Key::new(ns, name);
+    let store = &ui.app.store;
+    let doc: Result<Option<Value>, crate::store::StoreError> = async {
+        Ok(match kind {
+            Kind::Workflows => store.workflow(&key).await?.map(|w| w.with_status()),
+            Kind::Templates => store.template(&key).await?,
+            Kind::RuleSets => store.ruleset(&key).await?,
+            Kind::Jobs => store
+                .job(&key)
+                .await?
+                .and_then(|j| serde_json::to_value(j).ok()),
+            Kind::Hosts => store.host(&key).await?.map(|h| h.with_status()),
+        })
+    }
+    .await;
+    let doc = match doc {
+        Ok(Some(d)) => d,
+        Ok(None) => {
+            return (StatusCode::NOT_FOUND, format!("no {} {key}", kind.title())).into_response();
+        }
+        Err(e) => return failed(e),
+    };
+    let render = if kind == Kind::Templates {
+        let machines: Vec<String> = match store.list(Some(&key.namespace)).await {
+            Ok(docs) => docs
+                .iter()
+                .map(|d| s(d, "/metadata/name").to_string())
+                .collect(),
+            Err(e) => return failed(e),
+        };
+        let chosen = q.for_machine.unwrap_or_default();
+        let output = if chosen.is_empty() {
+            None
+        } else {
+            Some(render_for(&ui, &doc, &Key::new(key.namespace.clone(), chosen.clone())).await)
+        };
+        Some(Rendered {
+            machines,
+            chosen,
+            output,
+        })
+    } else {
+        None
+    };
+    html(&DetailPage {
+        csrf: cur.session.csrf.clone(),
+        kind: kind.path(),
+        title: kind.title(),
+        key: format!("{}/{}", key.namespace, key.name),
+        document: serde_saphyr::to_string(&doc).unwrap_or_else(|_| doc.to_string()),
+        render,
+    })
+}
+
+/// Template `t` rendered as the engine would for Hardware `hw` (its
+/// first MAC as `device_1`, as a Workflow's hardwareMap usually has it).
+async fn render_for(ui: &Shared, t: &Value, hw: &Key) -> Result<String, String> {
+    let doc = ui
+        .app
+        .store
+        .get(hw)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("no Hardware {hw}"))?;
+    let mac = s(&doc, "/spec/interfaces/0/dhcp/mac").to_string();
+    let map = std::collections::BTreeMap::from([("device_1".to_string(), mac)]);
+    let data = s(t, "/spec/data");
+    crate::workflow::render::render(data, Some(&doc), &map)
+        .map_err(|e| e.to_string())
+        .and_then(|_| {
+            crate::workflow::render::execute(data, Some(&doc), &map).map_err(|e| e.to_string())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_a_path_a_title_and_columns() {
+        for k in Kind::ALL {
+            assert_eq!(Kind::parse(k.path()), Some(k));
+            assert!(!k.title().is_empty() && !k.columns().is_empty());
+        }
+        assert_eq!(Kind::parse("machines"), None);
+    }
+}
