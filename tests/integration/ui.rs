@@ -9,9 +9,11 @@ use crate::common::*;
 use std::process::Stdio;
 use std::time::Duration;
 
-/// `curl` with the cookie jar `jar`: (status, headers, body).
-fn get(d: &Daemon, jar: &str, path: &str) -> (String, String, String) {
-    let o = d.curl(&[
+/// `curl` with the cookie jar `jar` (a POST of `form` if given):
+/// (status, headers, body).
+fn request(d: &Daemon, jar: &str, path: &str, form: Option<&str>) -> (String, String, String) {
+    let url = d.api_url(path);
+    let mut args = vec![
         "-s",
         "-b",
         jar,
@@ -21,27 +23,21 @@ fn get(d: &Daemon, jar: &str, path: &str) -> (String, String, String) {
         "-",
         "-w",
         "\n%{http_code}",
-        &d.api_url(path),
-    ]);
+    ];
+    if let Some(f) = form {
+        args.extend(["--data", f]);
+    }
+    args.push(&url);
+    let o = d.curl(&args);
     split(&String::from_utf8_lossy(&o.stdout))
 }
 
+fn get(d: &Daemon, jar: &str, path: &str) -> (String, String, String) {
+    request(d, jar, path, None)
+}
+
 fn post(d: &Daemon, jar: &str, path: &str, form: &str) -> (String, String, String) {
-    let o = d.curl(&[
-        "-s",
-        "-b",
-        jar,
-        "-c",
-        jar,
-        "-D",
-        "-",
-        "-w",
-        "\n%{http_code}",
-        "--data",
-        form,
-        &d.api_url(path),
-    ]);
-    split(&String::from_utf8_lossy(&o.stdout))
+    request(d, jar, path, Some(form))
 }
 
 /// curl -D - output: headers, blank line, body, then the -w code line.

@@ -471,12 +471,7 @@ impl Store {
         .bind(namespace)
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter()
-            .map(|(ns, n, d)| {
-                serde_json::from_str(&d)
-                    .map_err(|e| StoreError::Corrupt(Key::new(ns, n), e.to_string()))
-            })
-            .collect()
+        parsed(rows)
     }
 
     /// The Hardware with label `label` or annotation `annotation` (cleaning
@@ -497,12 +492,7 @@ impl Store {
         .bind(path("annotations", annotation))
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter()
-            .map(|(ns, n, d)| {
-                serde_json::from_str(&d)
-                    .map_err(|e| StoreError::Corrupt(Key::new(ns, n), e.to_string()))
-            })
-            .collect()
+        parsed(rows)
     }
 
     /// True when something was deleted.
@@ -706,6 +696,16 @@ async fn owner_of(
         .fetch_optional(&mut *tx)
         .await?;
     Ok(row.map(|(ns, n)| Key::new(ns, n)))
+}
+
+/// Stored (namespace, name, document) rows, parsed.
+fn parsed(rows: Vec<(String, String, String)>) -> Result<Vec<Value>, StoreError> {
+    rows.into_iter()
+        .map(|(ns, n, d)| {
+            serde_json::from_str(&d)
+                .map_err(|e| StoreError::Corrupt(Key::new(ns, n), e.to_string()))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -150,9 +150,19 @@ struct Current {
 }
 
 impl Current {
-    /// Whether `presented` is this session's CSRF token.
-    fn csrf_ok(&self, presented: &str) -> bool {
-        constant_time_eq::constant_time_eq(presented.as_bytes(), self.session.csrf.as_bytes())
+    /// A form's CSRF token checked against this session's: the 403 to
+    /// answer when it is wrong.
+    fn refuse_csrf(&self, presented: &str) -> Option<Response> {
+        if constant_time_eq::constant_time_eq(presented.as_bytes(), self.session.csrf.as_bytes()) {
+            return None;
+        }
+        Some(
+            (
+                StatusCode::FORBIDDEN,
+                "the form's CSRF token is wrong: reload the page",
+            )
+                .into_response(),
+        )
     }
 }
 
@@ -231,12 +241,8 @@ async fn logout(
     jar: CookieJar,
     Form(f): Form<CsrfForm>,
 ) -> Response {
-    if !cur.csrf_ok(&f.csrf) {
-        return (
-            StatusCode::FORBIDDEN,
-            "the form's CSRF token is wrong: reload the page",
-        )
-            .into_response();
+    if let Some(r) = cur.refuse_csrf(&f.csrf) {
+        return r;
     }
     ui.sessions.remove(&cur.id);
     let gone = Cookie::build((COOKIE, "")).path("/ui").build();
@@ -928,12 +934,8 @@ async fn machine_action(
     Form(f): Form<ActionForm>,
 ) -> Response {
     use crate::bmc::PowerAction;
-    if !cur.csrf_ok(&f.csrf) {
-        return (
-            StatusCode::FORBIDDEN,
-            "the form's CSRF token is wrong: reload the page",
-        )
-            .into_response();
+    if let Some(r) = cur.refuse_csrf(&f.csrf) {
+        return r;
     }
     let key = Key::new(ns, name);
     let s = &ui.app.services;
