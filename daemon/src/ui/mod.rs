@@ -733,53 +733,6 @@ fn bmc_of(doc: &serde_json::Value, key: &Key) -> Option<Key> {
         .map(|n| Key::new(key.namespace.clone(), n))
 }
 
-/// What the agent reported of the machine (its attributes annotation) and
-/// the BMC's inventory, as name/value lines.
-fn facts(doc: &serde_json::Value) -> Vec<(String, String)> {
-    let mut out = vec![];
-    let attrs = doc
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get("tinkerbell.org/attributes"))
-        .and_then(|v| v.as_str())
-        .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok());
-    if let Some(a) = attrs {
-        if let Some(p) = a.pointer("/product") {
-            let vendor = p["vendor"].as_str().unwrap_or("");
-            let name = p["name"].as_str().unwrap_or("");
-            out.push((
-                "product".into(),
-                format!("{vendor} {name}").trim().to_string(),
-            ));
-        }
-        if let Some(c) = a
-            .pointer("/cpu/totalCores")
-            .or_else(|| a.pointer("/cpu/total_cores"))
-        {
-            out.push(("cpu cores".into(), c.to_string()));
-        }
-        if let Some(m) = a.pointer("/memory/total").and_then(|v| v.as_str()) {
-            out.push(("memory".into(), m.to_string()));
-        }
-        if let Some(disks) = a.pointer("/blockDevices").and_then(|v| v.as_array()) {
-            for d in disks.iter().take(16) {
-                out.push((
-                    format!("disk {}", d["name"].as_str().unwrap_or("?")),
-                    d["size"].as_str().unwrap_or("").to_string(),
-                ));
-            }
-        }
-    }
-    if let Some(oob) = doc.pointer("/status/attributes/outOfBand") {
-        if let Some(s) = oob.pointer("/system/manufacturer").and_then(|v| v.as_str()) {
-            out.push(("BMC: manufacturer".into(), s.to_string()));
-        }
-        if let Some(s) = oob.pointer("/system/model").and_then(|v| v.as_str()) {
-            out.push(("BMC: model".into(), s.to_string()));
-        }
-    }
-    out
-}
-
 #[derive(Deserialize, Default)]
 struct MachineQuery {
     /// A BMC job the last action started, to say so.
@@ -852,7 +805,7 @@ async fn machine(
             .and_then(|v| v.as_str())
             .unwrap_or("")
             .to_string(),
-        facts: facts(&r.doc),
+        facts: view::facts(&r.doc),
         workflow,
         jobs,
         notice: mq

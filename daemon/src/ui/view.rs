@@ -194,6 +194,98 @@ pub fn row(doc: Value, workflow: Option<&WorkflowRow>, power: Option<PowerState>
     }
 }
 
+/// What the agent reported of a machine (upstream's attributes
+/// annotation) and what its BMC's inventory says (Rufio's `outOfBand`),
+/// as name/value lines.
+pub fn facts(doc: &Value) -> Vec<(String, String)> {
+    let mut out = vec![];
+    let attrs = doc
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(crate::discovery::hardware::ATTRIBUTES_ANNOTATION))
+        .and_then(Value::as_str)
+        .and_then(|s| serde_json::from_str::<Value>(s).ok());
+    let text = |v: &Value, p: &str| {
+        v.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let product = |v: &Value| {
+        format!(
+            "{} {}",
+            text(v, "/product/vendor"),
+            text(v, "/product/name")
+        )
+        .trim()
+        .to_string()
+    };
+    let mut push = |k: String, v: String| {
+        if !v.is_empty() {
+            out.push((k, v));
+        }
+    };
+    if let Some(a) = &attrs {
+        push("product".into(), product(a));
+        push(
+            "cpu".into(),
+            a.pointer("/cpu/totalCores")
+                .map(|c| format!("{c} cores"))
+                .unwrap_or_default(),
+        );
+        push("memory".into(), text(a, "/memory/total"));
+        for d in a
+            .pointer("/blockDevices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .take(16)
+        {
+            push(
+                format!("disk {}", text(d, "/name")),
+                format!("{} {}", text(d, "/size"), text(d, "/model"))
+                    .trim()
+                    .to_string(),
+            );
+        }
+        for n in a
+            .pointer("/networkInterfaces")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .take(16)
+        {
+            push(
+                format!("nic {}", text(n, "/name")),
+                format!("{} {}", text(n, "/mac"), text(n, "/speed"))
+                    .trim()
+                    .to_string(),
+            );
+        }
+    }
+    if let Some(o) = doc.pointer("/status/attributes/outOfBand") {
+        push("BMC: product".into(), product(o));
+        push(
+            "BMC: cpu".into(),
+            o.pointer("/cpu/totalCores")
+                .map(|c| format!("{c} cores"))
+                .unwrap_or_default(),
+        );
+        let disks = o
+            .pointer("/blockDevices")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        push(
+            "BMC: disks".into(),
+            if disks > 0 {
+                disks.to_string()
+            } else {
+                String::new()
+            },
+        );
+    }
+    out
+}
+
 /// What a list is narrowed to.
 #[derive(Debug, Default)]
 pub struct Filter {
@@ -348,6 +440,29 @@ mod tests {
         for l in Lifecycle::ALL {
             assert_eq!(Lifecycle::parse(l.as_str()), Some(l));
         }
+    }
+
+    #[test]
+    fn facts_come_from_the_agent_and_the_bmc() {
+        let mut d = hw("m", json!({}));
+        assert!(facts(&d).is_empty());
+        let attrs = json!({"product": {"vendor": "QEMU", "name": "Standard PC"}, "cpu": {"totalCores": 2},
+                           "memory": {"total": "2 GiB"}, "blockDevices": [{"name": "vda", "size": "5 GiB"}],
+                           "networkInterfaces": [{"name": "eth0", "mac": "52:54:00:aa:00:01"}]});
+        d["metadata"]["annotations"] =
+            json!({"tinkerbell.org/agent-attributes": attrs.to_string()});
+        d["status"] = json!({"attributes": {"outOfBand": {"product": {"vendor": "Dell", "name": "R640"},
+                                                          "blockDevices": [{}, {}]}}});
+        let f = facts(&d);
+        let get = |k: &str| f.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("product"), Some("QEMU Standard PC"));
+        assert_eq!(get("cpu"), Some("2 cores"));
+        assert_eq!(get("memory"), Some("2 GiB"));
+        assert_eq!(get("disk vda"), Some("5 GiB"));
+        assert_eq!(get("nic eth0"), Some("52:54:00:aa:00:01"));
+        assert_eq!(get("BMC: product"), Some("Dell R640"));
+        assert_eq!(get("BMC: disks"), Some("2"));
+        assert_eq!(get("BMC: cpu"), None);
     }
 
     #[test]
