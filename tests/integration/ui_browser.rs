@@ -264,11 +264,23 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         c.goto(&d.api_url("/ui/templates/default/install?for=web-01")).await.unwrap();
         until(&c, 10, &format!("document.querySelector('pre.rendered').innerText.includes('worker: \"{MAC}\"')")).await;
         shot(&c, "template.png").await;
+        // Run it on web-02 (a new Workflow, confirmed): its page follows it.
+        c.goto(&d.api_url("/ui/templates/default/install?for=web-02")).await.unwrap();
+        c.find(Locator::Css("form[action$='/run'] button"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        c.accept_alert().await.unwrap();
+        until(&c, 10, "location.pathname === '/ui/machines/default/web-02'").await;
+        until(&c, 10, "document.querySelector('#panels').innerText.includes('install-web-02-')").await;
 
         // Back on the list, the row shows the Workflow under way.
+        // (web-02's new one too).
         c.goto(&d.api_url("/ui/?state=installing")).await.unwrap();
-        until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 1").await;
-        until(&c, 10, "document.querySelector('#machines tbody tr').innerText.includes('web-01-install (2/3)')").await;
+        until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 2").await;
+        until(&c, 10, "[...document.querySelectorAll('#machines tbody tr')].some(r => r.innerText.includes('web-01-install (2/3)'))").await;
         c.close().await.unwrap();
     });
     drop(driver);

@@ -68,6 +68,7 @@ pub fn router(app: Arc<App>, token: Arc<str>, secure: bool) -> Router {
         .route("/ui/dashboard", get(dashboard))
         .route("/ui/{kind}", get(objects::list))
         .route("/ui/{kind}/{namespace}/{name}", get(objects::one))
+        .route("/ui/templates/{namespace}/{name}/run", post(objects::run))
         .route("/ui/machines/{namespace}/{name}", get(machine))
         .route("/ui/machines/{namespace}/{name}/row", get(machine_row))
         .route(

@@ -385,6 +385,81 @@ async fn render_for(ui: &Shared, t: &Value, hw: &Key) -> Result<String, String> 
         })
 }
 
+#[derive(Deserialize)]
+pub(super) struct RunForm {
+    csrf: String,
+    #[serde(rename = "for")]
+    for_machine: String,
+}
+
+/// A Template's "Run on this machine": a Workflow of it for the chosen
+/// Hardware (`device_1` its first MAC; netbooted through its BMC when it
+/// has one, as CAPT's Workflows are), made through the services, then
+/// the machine's page, which follows it.
+pub(super) async fn run(
+    State(ui): State<Shared>,
+    axum::Extension(cur): axum::Extension<Current>,
+    Path((ns, name)): Path<(String, String)>,
+    axum::extract::Form(f): axum::extract::Form<RunForm>,
+) -> Response {
+    if let Some(r) = cur.refuse_csrf(&f.csrf) {
+        return r;
+    }
+    let store = &ui.app.store;
+    let hw_key = Key::new(ns.clone(), f.for_machine.clone());
+    let (template, hw) = match (
+        store.template(&Key::new(ns.clone(), name.clone())).await,
+        store.get(&hw_key).await,
+    ) {
+        (Ok(Some(t)), Ok(Some(h))) => (t, h),
+        (Ok(None), _) => {
+            return (StatusCode::NOT_FOUND, format!("no Template {ns}/{name}")).into_response();
+        }
+        (_, Ok(None)) => {
+            return (StatusCode::NOT_FOUND, format!("no Hardware {hw_key}")).into_response();
+        }
+        (Err(e), _) | (_, Err(e)) => return failed(e),
+    };
+    if let Err(e) = render_for(&ui, &template, &hw_key).await {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("the Template does not render for {hw_key}: {e}"),
+        )
+            .into_response();
+    }
+    let doc = workflow_doc(&name, &hw_key, &hw, crate::clock::now_ms());
+    match ui.app.services.put_owned(doc).await {
+        Ok(()) => axum::response::Redirect::to(&format!(
+            "/ui/machines/{}/{}",
+            hw_key.namespace, hw_key.name
+        ))
+        .into_response(),
+        Err(e) => (StatusCode::CONFLICT, e.to_string()).into_response(),
+    }
+}
+
+/// The Workflow of Template `template` for Hardware `hw` (document `doc`),
+/// named for both and the time.
+fn workflow_doc(template: &str, hw: &Key, doc: &Value, now_ms: i64) -> Value {
+    let mut spec = serde_json::json!({
+        "templateRef": template,
+        "hardwareRef": hw.name,
+        "hardwareMap": {"device_1": s(doc, "/spec/interfaces/0/dhcp/mac")},
+    });
+    if !s(doc, "/spec/bmcRef/name").is_empty() {
+        spec["bootOptions"] =
+            serde_json::json!({"bootMode": "netboot", "toggleAllowNetboot": true});
+    }
+    let mut name = format!("{template}-{}", hw.name);
+    name.truncate(200);
+    serde_json::json!({
+        "apiVersion": crate::workflow::model::API_VERSION,
+        "kind": "Workflow",
+        "metadata": {"name": format!("{}-{}", name.trim_end_matches('-'), now_ms), "namespace": hw.namespace},
+        "spec": spec,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -396,5 +471,22 @@ mod tests {
             assert!(!k.title().is_empty() && !k.columns().is_empty());
         }
         assert_eq!(Kind::parse("machines"), None);
+    }
+
+    #[test]
+    fn a_run_is_a_workflow_the_engine_takes() {
+        let hw = serde_json::json!({"spec": {"interfaces": [{"dhcp": {"mac": "52:54:00:aa:00:01"}}],
+                                             "bmcRef": {"name": "bmc-1"}}});
+        let w = workflow_doc("install", &Key::new("lab", "web-01"), &hw, 1700);
+        let w = crate::workflow::model::workflow(w).unwrap();
+        assert_eq!(w.key, Key::new("lab", "install-web-01-1700"));
+        assert_eq!(
+            w.doc["spec"]["hardwareMap"]["device_1"],
+            "52:54:00:aa:00:01"
+        );
+        assert_eq!(w.doc["spec"]["bootOptions"]["bootMode"], "netboot");
+        let bare = serde_json::json!({"spec": {"interfaces": []}});
+        let w = workflow_doc("install", &Key::new("lab", "web-01"), &bare, 1);
+        assert!(w["spec"].get("bootOptions").is_none());
     }
 }
