@@ -152,13 +152,7 @@ impl Controller {
         let Some(w) = self.store.workflow(&super::key(key)).await? else {
             return Ok(Run::None);
         };
-        let this_run = w
-            .doc
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(super::RUN))
-            .and_then(Value::as_str)
-            == Some(run);
-        if !this_run {
+        if !w.is_run(super::RUN, run) {
             return Ok(Run::None);
         }
         Ok(match w.status.state {

@@ -291,13 +291,7 @@ impl Controller {
         let Some(w) = self.store.workflow(&op.key(&host.key)).await? else {
             return Ok(Run::None);
         };
-        let ours = w
-            .doc
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(owned::RUN_ANNOTATION))
-            .and_then(Value::as_str)
-            == Some(run);
-        if !ours {
+        if !w.is_run(owned::RUN_ANNOTATION, run) {
             return Ok(Run::None);
         }
         Ok(match w.status.state {

@@ -20,6 +20,17 @@ pub struct WorkflowRow {
 }
 
 impl WorkflowRow {
+    /// Whether this Workflow was made for run `run` of its maker (the
+    /// maker's `annotation` on it): a Workflow of an earlier run is not
+    /// the current run's outcome.
+    pub fn is_run(&self, annotation: &str, run: &str) -> bool {
+        self.doc
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(annotation))
+            .and_then(Value::as_str)
+            == Some(run)
+    }
+
     /// The document with its status, as `get workflow -o json` shows it.
     pub fn with_status(&self) -> Value {
         let mut d = self.doc.clone();
