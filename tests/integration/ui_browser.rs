@@ -91,6 +91,10 @@ async fn until(c: &Client, secs: u64, expr: &str) {
     }
 }
 
+async fn click(c: &Client, what: Locator<'_>) {
+    c.find(what).await.unwrap().click().await.unwrap();
+}
+
 async fn shot(c: &Client, name: &str) {
     if let Ok(dir) = std::env::var("TB_UI_SCREENSHOTS") {
         let png = c.screenshot().await.unwrap();
@@ -148,12 +152,7 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
             .send_keys(&d.token())
             .await
             .unwrap();
-        c.find(Locator::Css("button[type=submit]"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(&c, Locator::Css("button[type=submit]")).await;
         until(&c, 10, "location.pathname === '/ui/'").await;
         until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 3").await;
         // The session cookie is not for scripts.
@@ -179,12 +178,7 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         let q = c.find(Locator::Css("input[name=q]")).await.unwrap();
         q.send_keys("ee:00:01\n").await.unwrap();
         until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 1").await;
-        c.find(Locator::LinkText("web-01"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(&c, Locator::LinkText("web-01")).await;
         until(&c, 10, "location.pathname === '/ui/machines/default/web-01'").await;
         until(&c, 10, "document.getElementById('live').classList.contains('on')").await;
         // A mark a reload would lose.
@@ -216,12 +210,7 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         // Power on, then off, with the buttons: each asks first, then its
         // BMC job runs against ipmi_sim and the page follows it.
         for (button, power, done) in [("power-on", "1", "power on"), ("power-off", "0", "power off")] {
-            c.find(Locator::Css(&format!("button[value={button}]")))
-                .await
-                .unwrap()
-                .click()
-                .await
-                .unwrap();
+            click(&c, Locator::Css(&format!("button[value={button}]"))).await;
             let asked = c.get_alert_text().await.unwrap();
             assert!(asked.contains("web-01"), "{asked}");
             c.accept_alert().await.unwrap();
@@ -266,12 +255,7 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         shot(&c, "template.png").await;
         // Run it on web-02 (a new Workflow, confirmed): its page follows it.
         c.goto(&d.api_url("/ui/templates/default/install?for=web-02")).await.unwrap();
-        c.find(Locator::Css("form[action$='/run'] button"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(&c, Locator::Css("form[action$='/run'] button")).await;
         c.accept_alert().await.unwrap();
         until(&c, 10, "location.pathname === '/ui/machines/default/web-02'").await;
         until(&c, 10, "document.querySelector('#panels').innerText.includes('install-web-02-')").await;

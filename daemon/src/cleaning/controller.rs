@@ -9,7 +9,6 @@ use crate::hardware::Key;
 use crate::kinds::Kind;
 use crate::services::Services;
 use crate::store::Store;
-use crate::workflow::model::State as WfState;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +36,7 @@ impl Controller {
             {
                 Ok(docs) => {
                     for doc in docs {
-                        let Some(key) = key_of(&doc) else { continue };
+                        let key = Key::of(&doc);
                         if let Err(e) = self.one(&key, &doc).await {
                             tracing::warn!(hardware = %key, error = %e, "cleaning: pass failed; the next one retries");
                         }
@@ -66,7 +65,7 @@ impl Controller {
             _ => Run::None,
         };
         let worker = super::worker(doc);
-        let step = super::decide(&seen, &run, worker.as_ref().map(|_| ()).map_err(|e| *e));
+        let step = super::decide(&seen, &run, worker.clone().map(drop));
         if step == Step::Nothing {
             return Ok(());
         }
@@ -149,26 +148,10 @@ impl Controller {
 
     /// Where run `run`'s Workflow is.
     async fn workflow(&self, key: &Key, run: &str) -> Result<Run, crate::services::Error> {
-        let Some(w) = self.store.workflow(&super::key(key)).await? else {
-            return Ok(Run::None);
-        };
-        if !w.is_run(super::RUN, run) {
-            return Ok(Run::None);
-        }
-        Ok(match w.status.state {
-            WfState::Success => Run::Succeeded,
-            WfState::Failed | WfState::Timeout => Run::Failed(w.status.failure()),
-            _ => Run::Running,
-        })
+        Ok(self
+            .store
+            .workflow(&super::key(key))
+            .await?
+            .map_or(Run::None, |w| w.run(super::RUN, run)))
     }
-}
-
-fn key_of(doc: &Value) -> Option<Key> {
-    let m = doc.get("metadata")?;
-    Some(Key::new(
-        m.get("namespace")
-            .and_then(Value::as_str)
-            .unwrap_or("default"),
-        m.get("name").and_then(Value::as_str)?,
-    ))
 }

@@ -150,14 +150,7 @@ pub fn worker(doc: &Value) -> Result<String, &'static str> {
 }
 
 /// Where the current run's Workflow is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Run {
-    /// None made for this run (or one of an earlier run).
-    None,
-    Running,
-    Succeeded,
-    Failed(String),
-}
+pub use crate::workflow::model::Run;
 
 /// Why a Hardware's cleaning ended without a wipe.
 #[derive(Debug, Clone, PartialEq, Eq)]

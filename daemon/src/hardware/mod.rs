@@ -36,6 +36,18 @@ impl Key {
             name: name.into(),
         }
     }
+
+    /// A document's namespace/name (`default` when it has no namespace).
+    pub fn of(doc: &Value) -> Key {
+        let meta = &doc["metadata"];
+        Key::new(
+            meta["namespace"]
+                .as_str()
+                .filter(|ns| !ns.is_empty())
+                .unwrap_or("default"),
+            meta["name"].as_str().unwrap_or(""),
+        )
+    }
 }
 
 impl fmt::Display for Key {

@@ -36,11 +36,7 @@ use std::time::Instant;
 
 /// The namespace/name of a document (`default` when it has no namespace).
 pub fn doc_key(doc: &Value) -> Key {
-    let meta = &doc["metadata"];
-    Key::new(
-        meta["namespace"].as_str().unwrap_or("default"),
-        meta["name"].as_str().unwrap_or(""),
-    )
+    Key::of(doc)
 }
 
 pub use crate::kinds::clean;

@@ -17,7 +17,6 @@ use crate::services::Services;
 use crate::services::metal3::{HostData, Metal3Service};
 use crate::store::metal3::{HostRow, rfc3339};
 use crate::store::{Store, StoreError};
-use crate::workflow::model::State as WfState;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -288,17 +287,11 @@ impl Controller {
     }
 
     async fn workflow(&self, host: &Host, op: Operation, run: &str) -> Result<Run, PassError> {
-        let Some(w) = self.store.workflow(&op.key(&host.key)).await? else {
-            return Ok(Run::None);
-        };
-        if !w.is_run(owned::RUN_ANNOTATION, run) {
-            return Ok(Run::None);
-        }
-        Ok(match w.status.state {
-            WfState::Success => Run::Succeeded,
-            WfState::Failed | WfState::Timeout => Run::Failed(w.status.failure()),
-            _ => Run::Running,
-        })
+        Ok(self
+            .store
+            .workflow(&op.key(&host.key))
+            .await?
+            .map_or(Run::None, |w| w.run(owned::RUN_ANNOTATION, run)))
     }
 
     async fn carry_out(

@@ -14,16 +14,8 @@ use super::model::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// How one of the host's Workflows (or its power job) stands, for the
-/// current run only: a run from before a retry or a new request is None.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Run {
-    #[default]
-    None,
-    Running,
-    Succeeded,
-    Failed(String),
-}
+/// How one of the host's Workflows (or its power job) stands.
+pub use crate::workflow::model::Run;
 
 /// What tinkerbox knows of the parts, at one pass.
 #[derive(Debug, Clone)]

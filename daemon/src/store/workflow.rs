@@ -7,7 +7,7 @@ use super::{DocTable, Outcome, Store, StoreError, upsert_document};
 use crate::clock::now_ms;
 use crate::discovery::rules::RuleSet;
 use crate::hardware::Key;
-use crate::workflow::model::{State, Status, Template, Workflow};
+use crate::workflow::model::{Run, State, Status, Template, Workflow};
 use serde_json::Value;
 
 /// A stored Workflow: the document, its status and the status version.
@@ -20,15 +20,22 @@ pub struct WorkflowRow {
 }
 
 impl WorkflowRow {
-    /// Whether this Workflow was made for run `run` of its maker (the
+    /// Where run `run` of this Workflow's maker stands (the run is the
     /// maker's `annotation` on it): a Workflow of an earlier run is not
     /// the current run's outcome.
-    pub fn is_run(&self, annotation: &str, run: &str) -> bool {
-        self.doc
+    pub fn run(&self, annotation: &str, run: &str) -> Run {
+        let this_run = self
+            .doc
             .pointer("/metadata/annotations")
             .and_then(|a| a.get(annotation))
             .and_then(Value::as_str)
-            == Some(run)
+            == Some(run);
+        match self.status.state {
+            _ if !this_run => Run::None,
+            State::Success => Run::Succeeded,
+            State::Failed | State::Timeout => Run::Failed(self.status.failure()),
+            _ => Run::Running,
+        }
     }
 
     /// The document with its status, as `get workflow -o json` shows it.

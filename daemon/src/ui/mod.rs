@@ -305,10 +305,7 @@ async fn dashboard(
         Ok(r) => r,
         Err(e) => return failed(e),
     };
-    let counts = Lifecycle::ALL
-        .iter()
-        .map(|l| (l.as_str(), all.iter().filter(|r| r.state == *l).count()))
-        .collect();
+    let counts = view::counts(&all);
     // The current counters too, so that a fresh start shows something.
     ui.samples
         .push(now_ms(), rates::read(&app.metrics.render()));
@@ -468,23 +465,11 @@ async fn rows(app: &App) -> Result<Vec<Row>, crate::store::StoreError> {
     Ok(docs
         .into_iter()
         .map(|d| {
-            let ns = d
-                .pointer("/metadata/namespace")
-                .and_then(|v| v.as_str())
-                .unwrap_or("default");
-            let name = d
-                .pointer("/metadata/name")
-                .and_then(|v| v.as_str())
-                .unwrap_or("");
-            let key = Key::new(ns, name);
-            let bmc = d
-                .pointer("/spec/bmcRef/name")
-                .and_then(|v| v.as_str())
-                .map(|b| Key::new(ns, b));
+            let key = Key::of(&d);
             let wf = by_hw
                 .get(&key)
                 .and_then(|ws| view::current_workflow(ws.iter().copied()));
-            let p = bmc.and_then(|b| power.get(&b).copied());
+            let p = bmc_of(&d, &key).and_then(|b| power.get(&b).copied());
             view::row(d, wf, p)
         })
         .collect())
@@ -497,8 +482,13 @@ async fn last_heard(app: &App, key: &Key) -> Option<i64> {
         after: None,
         limit: 1,
     };
-    let row = app.event_log.query(&q).await.ok()?.pop()?;
-    humantime::parse_rfc3339(&row.time)
+    event_ms(&app.event_log.query(&q).await.ok()?.pop()?)
+}
+
+/// When an event happened, in ms since the epoch (the log's rows carry
+/// it as RFC 3339).
+fn event_ms(e: &EventRow) -> Option<i64> {
+    humantime::parse_rfc3339(&e.time)
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .and_then(|d| i64::try_from(d.as_millis()).ok())
@@ -529,10 +519,7 @@ async fn machines(
         state: Lifecycle::parse(&q.state),
         selector,
     };
-    let counts = Lifecycle::ALL
-        .iter()
-        .map(|l| (l.as_str(), all.iter().filter(|r| r.state == *l).count()))
-        .collect();
+    let counts = view::counts(&all);
     let total = all.len();
     let kept: Vec<Row> = all.into_iter().filter(|r| filter.keeps(r)).collect();
     let (range, pages) = view::page_range(kept.len(), PER_PAGE, q.page.unwrap_or(1));
@@ -596,12 +583,8 @@ async fn one_row(app: &App, key: &Key) -> Result<Option<Row>, crate::store::Stor
     };
     let workflows = app.store.workflows_of_hardware(key).await?;
     let wf = view::current_workflow(&workflows);
-    let power = match doc.pointer("/spec/bmcRef/name").and_then(|v| v.as_str()) {
-        Some(b) => app
-            .store
-            .bmc_machine(&Key::new(key.namespace.clone(), b))
-            .await?
-            .map(|m| m.power_state),
+    let power = match bmc_of(&doc, key) {
+        Some(b) => app.store.bmc_machine(&b).await?.map(|m| m.power_state),
         None => None,
     };
     Ok(Some(view::row(doc, wf, power)))
@@ -762,11 +745,7 @@ async fn machine(
         })
         .await
         .unwrap_or_default();
-    r.last_heard_ms = events
-        .last()
-        .and_then(|e| humantime::parse_rfc3339(&e.time).ok())
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .and_then(|d| i64::try_from(d.as_millis()).ok());
+    r.last_heard_ms = events.last().and_then(event_ms);
     let workflow = match current_workflow(app, &key).await {
         Ok(w) => w.as_ref().map(workflow_view),
         Err(e) => return failed(e),

@@ -101,16 +101,6 @@ fn s<'a>(doc: &'a Value, p: &str) -> &'a str {
     doc.pointer(p).and_then(Value::as_str).unwrap_or("")
 }
 
-fn key_of(doc: &Value) -> Key {
-    Key::new(
-        match s(doc, "/metadata/namespace") {
-            "" => "default",
-            ns => ns,
-        },
-        s(doc, "/metadata/name"),
-    )
-}
-
 fn detail(kind: Kind, k: &Key) -> String {
     format!("/ui/{}/{}/{}", kind.path(), k.namespace, k.name)
 }
@@ -174,7 +164,7 @@ pub(super) async fn list(
                 .await?
                 .iter()
                 .map(|t| {
-                    let k = key_of(t);
+                    let k = Key::of(t);
                     (
                         k.namespace.clone(),
                         vec![
@@ -189,7 +179,7 @@ pub(super) async fn list(
                 .await?
                 .iter()
                 .map(|r| {
-                    let k = key_of(r);
+                    let k = Key::of(r);
                     let rules = r
                         .pointer("/spec/rules")
                         .and_then(Value::as_array)

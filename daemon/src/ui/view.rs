@@ -116,6 +116,14 @@ fn under_way(s: WfState) -> bool {
     )
 }
 
+/// The machines per state, in [`Lifecycle::ALL`]'s order.
+pub fn counts(rows: &[Row]) -> Vec<(&'static str, usize)> {
+    Lifecycle::ALL
+        .iter()
+        .map(|l| (l.as_str(), rows.iter().filter(|r| r.state == *l).count()))
+        .collect()
+}
+
 /// The Workflow a machine's row shows: one under way, else the newest
 /// (by creation time, then name).
 pub fn current_workflow<'a>(
@@ -141,10 +149,7 @@ pub fn current_workflow<'a>(
 /// Machine's power.
 pub fn row(doc: Value, workflow: Option<&WorkflowRow>, power: Option<PowerState>) -> Row {
     let meta = &doc["metadata"];
-    let key = Key::new(
-        meta["namespace"].as_str().unwrap_or("default"),
-        meta["name"].as_str().unwrap_or(""),
-    );
+    let key = Key::of(&doc);
     let labels: Vec<(String, String)> = meta["labels"]
         .as_object()
         .map(|m| {

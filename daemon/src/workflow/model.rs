@@ -263,6 +263,18 @@ pub struct Milestones {
     actions: Vec<State>,
 }
 
+/// How the current run of an operation stands (a Workflow, or a BMC job
+/// its maker follows): a run from before a retry or a new request is
+/// None.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Run {
+    #[default]
+    None,
+    Running,
+    Succeeded,
+    Failed(String),
+}
+
 impl Status {
     /// Why a Workflow failed, for a caller that reports it: its first
     /// failed action, else a False condition's message, else its state.
