@@ -84,6 +84,9 @@ enum Command {
         /// Label selector the host must match (kubectl's grammar: k=v,k2 in (a,b),!k3); empty: any
         #[arg(short = 'l', long, default_value = "")]
         selector: String,
+        /// This host only, by name (it must still be available and match the selector)
+        #[arg(long)]
+        host: Option<String>,
         /// The image's URL (http or https)
         #[arg(long)]
         image: String,
@@ -464,6 +467,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         } => cli::objects::delete(&target(vec![]), *kind, name, namespace.as_deref()).await,
         Command::Claim {
             selector,
+            host,
             image,
             checksum,
             checksum_type,
@@ -484,6 +488,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 cli::metal3::ClaimArgs {
                     namespace: follow.namespace.as_deref(),
                     selector,
+                    host: host.as_deref(),
                     image,
                     checksum: checksum.as_deref(),
                     checksum_type: checksum_type.as_deref(),

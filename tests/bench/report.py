@@ -88,6 +88,11 @@ def check(rows):
                                      or not (r.get("discover") or {}).get("per_s")
                                      or r.get("discovered") != (r.get("discover") or {}).get("agents")):
             bad.append(r)
+        elif sec == "ui" and (not r.get("list_fcp_ms") or not r.get("filter_fcp_ms") or r.get("filter_rows") != 1
+                              or not ((r.get("quiet") or {}).get("lat_ms") or {}).get("p99")
+                              or not ((r.get("streams") or {}).get("lat_ms") or {}).get("p99")
+                              or not (r.get("stream") or {}).get("fewest_messages")):
+            bad.append(r)
         elif sec == "install" and (r.get("syslog_s") is None or not r.get("image2disk_mb_s")
                                     or (r["config"].startswith("ref-") and not r.get("ref_mb_s"))):
             bad.append(r)
@@ -378,6 +383,21 @@ def main():
             ms = d.get("lat_ms") or {}
             add(f"discovery: agents discovered per second over gRPC ({d.get('agents')} agents, {d.get('threads')} at once; "
                 f"GetAction p50/p99 {ms.get('p50')}/{ms.get('p99')} ms)", d.get("per_s"), "-", None, None)
+    for r in rows:
+        if r["section"] == "ui":
+            add(f"ui: machines page with {r['config']} machines ({r.get('list_rows')} rows shown), "
+                "first contentful paint / loaded, ms", f"{r.get('list_fcp_ms')} / {r.get('list_load_ms')}",
+                "-", None, None, "< 1000", (r.get("list_fcp_ms") or 1e9) < 1000)
+            add(f"ui: a search (a MAC) from submit to the filtered result's first paint, ms "
+                f"({r.get('filter_rows')} row)", r.get("filter_fcp_ms"), "-", None, None, "< 1000",
+                (r.get("filter_fcp_ms") or 1e9) < 1000)
+            q = (r.get("quiet") or {}).get("lat_ms") or {}
+            w = (r.get("streams") or {}).get("lat_ms") or {}
+            st = r.get("stream") or {}
+            add(f"ui: known-host DHCP p99 ms at {(r.get('quiet') or {}).get('target')}/s, no page / "
+                f"{st.get('streams')} live pages ({st.get('messages')} messages sent them)",
+                f"{q.get('p99')} / {w.get('p99')}", "-", None, None, "unchanged within noise",
+                q.get("p99") is not None and w.get("p99") is not None and w["p99"] <= max(1.5 * q["p99"], q["p99"] + 0.3))
     for r in rows:
         if r["section"] == "dhcp-ready":
             add(f"{r['server']} ready with {r['config']} hosts: s / RSS MiB", "-", r["server"],

@@ -429,7 +429,7 @@ fn claim_web_1(d: &Daemon, selector: &str) -> String {
 }
 
 /// A host not inspected: its hardware from BMO's annotation.
-fn bare_host(name: &str, mac: &str, rack: &str, sushy_port: u16) -> String {
+pub(crate) fn bare_host(name: &str, mac: &str, rack: &str, sushy_port: u16) -> String {
     format!(
         r#"---
 apiVersion: v1
@@ -453,7 +453,7 @@ spec:
     )
 }
 
-fn wait_named(d: &Daemon, name: &str, want: &str) -> Value {
+pub(crate) fn wait_named(d: &Daemon, name: &str, want: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let h: Value =

@@ -179,6 +179,15 @@ fn login_pages_filters_the_live_feed_and_logout() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    // And a list page's: the machines it shows.
+    let listed = d
+        .command("curl")
+        .args(["-s", "-N", "--max-time", "6", "-b", jar])
+        .arg(d.api_url("/ui/stream?machines=default/db-01,default/gone"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert_eq!(get(&d, jar, "/ui/stream?machines=db-01").0, "400");
     std::thread::sleep(Duration::from_millis(800));
     let f = write_file(
         &d.dir,
@@ -199,6 +208,9 @@ fn login_pages_filters_the_live_feed_and_logout() {
         "{out}"
     );
     assert!(!out.contains("db-01"), "another machine's event: {out}");
+    let list = listed.wait_with_output().unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(list.contains("db-01") && !list.contains("web-01"), "{list}");
     assert!(out.contains("\nid: ") || out.starts_with("id: "), "{out}");
     // Resumed from an id: what came after it, from the log.
     let first_id: i64 = out

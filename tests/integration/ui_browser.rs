@@ -4,7 +4,9 @@
 //! watches its Workflow progress there, without a reload, while the
 //! upstream-proto gRPC peer reports its actions; powers it on and off with
 //! the page's buttons (confirmed) and sees the BMC jobs run against
-//! ipmi_sim; and has a forged action refused. With
+//! ipmi_sim; and has a forged action refused. A BareMetalHost (its BMC
+//! sushy-emulator) is claimed and released with its page's buttons and
+//! followed live through provisioning and cleaning. With
 //! `TB_UI_SCREENSHOTS=DIR` it also saves the pages as PNGs (the README's
 //! screenshots: `TB_UI_SCREENSHOTS=docs/ui cargo nextest run ui_browser`).
 
@@ -265,6 +267,197 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         c.goto(&d.api_url("/ui/?state=installing")).await.unwrap();
         until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 2").await;
         until(&c, 10, "[...document.querySelectorAll('#machines tbody tr')].some(r => r.innerText.includes('web-01-install (2/3)'))").await;
+        c.close().await.unwrap();
+    });
+    drop(driver);
+}
+
+/// Log in with the token (the login page's form).
+async fn log_in(c: &Client, d: &Daemon) {
+    c.goto(&d.api_url("/ui/login")).await.unwrap();
+    c.find(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys(&d.token())
+        .await
+        .unwrap();
+    click(c, Locator::Css("button[type=submit]")).await;
+    until(c, 10, "location.pathname === '/ui/'").await;
+}
+
+#[test]
+fn in_chromium_a_bare_metal_host_is_claimed_and_released_with_its_buttons() {
+    const MAC_B: &str = "52:54:00:77:00:0b";
+    let sushy = crate::bmc_jobs::Sushy::start();
+    let d = Daemon::start();
+    let f = write_file(
+        &d.dir,
+        "bmh.yaml",
+        &crate::metal3::bare_host("node-b", MAC_B, "r2", sushy.port),
+    );
+    d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    crate::metal3::wait_named(&d, "node-b", "available");
+    let driver = Driver::start(&d.dir);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = browser(driver.port).await;
+        log_in(&c, &d).await;
+        // The list, then the host's page: available, its inspection shown.
+        c.goto(&d.api_url("/ui/baremetalhosts")).await.unwrap();
+        click(&c, Locator::LinkText("node-b")).await;
+        until(
+            &c,
+            10,
+            "location.pathname === '/ui/baremetalhosts/default/node-b'",
+        )
+        .await;
+        until(
+            &c,
+            10,
+            "document.getElementById('live').classList.contains('on')",
+        )
+        .await;
+        until(
+            &c,
+            10,
+            "document.querySelector('#panels .badge').textContent === 'available'",
+        )
+        .await;
+        assert!(
+            js(&c, "document.getElementById('panels').innerText")
+                .await
+                .as_str()
+                .unwrap()
+                .contains("20.0 GiB"),
+            "the inspection's disk"
+        );
+        js(&c, "(window.stillHere = true)").await;
+
+        // Claimed with the form (asked first): provisioning, live.
+        for (field, value) in [
+            ("image", "http://10.99.0.1/img.raw.gz"),
+            ("checksum", "0123456789abcdef0123456789abcdef"),
+            ("consumer", "web-1"),
+        ] {
+            c.find(Locator::Css(&format!("form.claim [name={field}]")))
+                .await
+                .unwrap()
+                .send_keys(value)
+                .await
+                .unwrap();
+        }
+        click(&c, Locator::Css("form.claim button")).await;
+        let asked = c.get_alert_text().await.unwrap();
+        assert!(asked.contains("node-b"), "{asked}");
+        c.accept_alert().await.unwrap();
+        until(
+            &c,
+            15,
+            "document.querySelector('#panels .badge').textContent === 'provisioning'",
+        )
+        .await;
+        assert!(
+            js(&c, "document.getElementById('panels').innerText")
+                .await
+                .as_str()
+                .unwrap()
+                .contains("web-1")
+        );
+        // The page's own reload after the POST; from here it is live.
+        js(&c, "(window.stillHere = true)").await;
+        let out = peer(&d, &["agent", MAC_B, "--polls", "800"]);
+        assert!(out.iter().any(|e| e["event"] == "done"), "{out:#?}");
+        until(
+            &c,
+            20,
+            "document.querySelector('#panels .badge').textContent === 'provisioned'",
+        )
+        .await;
+        assert_eq!(
+            js(&c, "window.stillHere === true").await,
+            json!(true),
+            "the page reloaded"
+        );
+        shot(&c, "baremetalhost.png").await;
+
+        // Its Hardware's page shows the host too, with the same button.
+        c.goto(&d.api_url("/ui/machines/default/node-b"))
+            .await
+            .unwrap();
+        until(
+            &c,
+            10,
+            "document.querySelector('#panels .host .badge').textContent === 'provisioned'",
+        )
+        .await;
+
+        // Released (asked first): cleaned, then the last step clears the
+        // consumer, and the claim form is back.
+        click(&c, Locator::Css("form[action$='/release'] button")).await;
+        c.accept_alert().await.unwrap();
+        until(
+            &c,
+            15,
+            "document.querySelector('#panels .host .badge').textContent === 'deprovisioning'",
+        )
+        .await;
+        js(&c, "(window.stillHere = true)").await;
+        let out = peer(&d, &["agent", MAC_B, "--polls", "800"]);
+        assert!(out.iter().any(|e| e["event"] == "done"), "{out:#?}");
+        until(
+            &c,
+            20,
+            "document.querySelector('#panels .host .badge').textContent === 'available'",
+        )
+        .await;
+        assert_eq!(
+            js(&c, "window.stillHere === true").await,
+            json!(true),
+            "the page reloaded"
+        );
+        click(&c, Locator::Css("form[action$='/release'] button")).await;
+        let asked = c.get_alert_text().await.unwrap();
+        assert!(asked.contains("consumer"), "{asked}");
+        c.accept_alert().await.unwrap();
+        until(&c, 10, "document.querySelector('form.claim') !== null").await;
+        let h: serde_json::Value =
+            serde_json::from_str(&d.cli_ok(&["get", "bmh", "node-b", "-o", "json"])).unwrap();
+        assert!(h["spec"].get("consumerRef").is_none(), "{h:#}");
+
+        // A claim the host cannot take (no image URL scheme the webhook
+        // takes) is refused with the reason, and changes nothing.
+        let status = c
+            .execute_async(
+                "const done = arguments[arguments.length - 1];
+                 const csrf = document.querySelector('form.claim [name=csrf]').value;
+                 fetch('/ui/baremetalhosts/default/node-b/claim', {method: 'POST',
+                     body: new URLSearchParams({csrf, image: 'http://x/i', format: 'floppy'})})
+                   .then(async r => done([r.status, await r.text()]));",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(status[0], json!(422), "{status}");
+        let forged = c
+            .execute_async(
+                "const done = arguments[arguments.length - 1];
+                 fetch('/ui/baremetalhosts/default/node-b/claim', {method: 'POST',
+                     body: new URLSearchParams({csrf: 'forged', image: 'http://x/i'})})
+                   .then(r => done(r.status));",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(forged, json!(403));
+        let h: serde_json::Value =
+            serde_json::from_str(&d.cli_ok(&["get", "bmh", "node-b", "-o", "json"])).unwrap();
+        assert!(
+            h["spec"].get("consumerRef").is_none() && h["spec"].get("image").is_none(),
+            "{h:#}"
+        );
         c.close().await.unwrap();
     });
     drop(driver);

@@ -1,8 +1,10 @@
 // tinkerbox web UI: the live parts. The pages are whole without it; with
-// it, an EventSource on /ui/stream brings each stored event as it lands:
+// it, an EventSource on /ui/stream brings the stored events as they land
+// (at most four messages a second, the newest 100 events of each):
 // the machines list re-fetches the rows of the machines an event names
 // (at most once per half second each), a machine's page prepends the
-// event to its timeline and re-fetches its Workflow and BMC jobs panels;
+// event to its timeline and re-fetches its host, Workflow and BMC jobs
+// panels (a BareMetalHost's page its own);
 // the dashboard prepends every event to its own.
 "use strict";
 (function () {
@@ -15,11 +17,19 @@
 
   const live = document.getElementById("live");
   const list = document.getElementById("machines");
+  // A machine's page, or a BareMetalHost's: its panels re-fetched from
+  // their data-src as its events land.
   const page = document.querySelector(".machine[data-machine]");
+  const panels = document.getElementById("panels");
   const timeline = document.getElementById("timeline");
   // The list follows every machine; a timeline (a machine's, or the
-  // dashboard's) the stream it names, resumed after its newest event.
-  const url = list ? "/ui/stream" : timeline && timeline.dataset.stream;
+  // dashboard's) or a host's panels the stream it names, resumed after its
+  // newest event.
+  // The list's stream carries only the machines it shows.
+  const url = list
+    ? "/ui/stream?machines=" + encodeURIComponent(
+        [...list.querySelectorAll("tr[data-machine]")].map((r) => r.dataset.machine).join(","))
+    : (timeline && timeline.dataset.stream) || (panels && panels.dataset.stream);
   if (!url) return;
   const source = new EventSource(url);
   source.onopen = () => live && live.classList.add("on");
@@ -53,6 +63,16 @@
     });
   }
 
+  // A form being filled in (the claim's) is never replaced under the
+  // person typing: its panel waits for the next event after.
+  function editing(el) {
+    return [...el.querySelectorAll("input:not([type=hidden]), textarea, select")].some((i) =>
+      i === document.activeElement ||
+      (i.tagName === "SELECT"
+        ? i.selectedIndex !== Math.max(0, [...i.options].findIndex((o) => o.defaultSelected))
+        : i.value !== i.defaultValue));
+  }
+
   function prepend(e) {
     const ol = timeline;
     if (!ol || ol.querySelector('li[data-id="' + e.id + '"]')) return;
@@ -80,9 +100,10 @@
       if (list) refreshRow(key);
       if (page && key === page.dataset.machine) {
         prepend(e);
-        soon("panels", async () => {
-          const f = await fragment("/ui/machines/" + key + "/panels");
-          if (f) document.getElementById("panels").replaceChildren(f);
+        if (panels) soon("panels", async () => {
+          if (editing(panels)) return;
+          const f = await fragment(panels.dataset.src);
+          if (f && !editing(panels)) panels.replaceChildren(f);
         });
       }
     }

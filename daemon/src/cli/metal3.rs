@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 pub struct ClaimArgs<'a> {
     pub namespace: Option<&'a str>,
     pub selector: &'a str,
+    pub host: Option<&'a str>,
     pub image: &'a str,
     pub checksum: Option<&'a str>,
     pub checksum_type: Option<&'a str>,
@@ -45,6 +46,9 @@ pub async fn claim(t: &Target, a: ClaimArgs<'_>) -> anyhow::Result<()> {
     }
     let mut body =
         json!({"namespace": ns, "selector": a.selector, "image": image, "consumer": consumer});
+    if let Some(h) = a.host {
+        body["host"] = json!(h);
+    }
     if let Some(u) = a.user_data {
         body["userData"] = json!(u);
     }

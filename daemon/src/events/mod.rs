@@ -256,39 +256,89 @@ impl Event {
 }
 
 /// Events as they are stored, to whoever listens (the web UI's live
-/// pages): the writer publishes each batch it committed, with its ids,
-/// only while someone subscribes, so no listener costs the writer a row.
-/// A listener that falls [`FEED_BATCHES`] batches behind is told so
-/// (`Lagged`) and reads the rest from the log.
+/// pages): the writer publishes what it committed, with the ids, in
+/// windows of [`FEED_WINDOW`], and only while someone subscribes, so no
+/// listener costs the writer a row. A window is one message to each
+/// listener whatever the event rate (a DHCP storm's thousands a second
+/// cost 100 open pages four wake-ups a second each, and the newest rows
+/// are serialized once for all of them). A listener that falls
+/// [`FEED_WINDOWS`] windows behind is told so (`Lagged`) and reads the
+/// rest from the log.
 #[derive(Clone)]
-pub struct Feed(tokio::sync::broadcast::Sender<Arc<[log::EventRow]>>);
+pub struct Feed(tokio::sync::broadcast::Sender<Arc<Window>>);
 
-/// Batches a listener may fall behind by.
-pub const FEED_BATCHES: usize = 256;
+/// Windows a listener may fall behind by.
+pub const FEED_WINDOWS: usize = 64;
+/// How long the writer gathers rows before it publishes them.
+pub const FEED_WINDOW: Duration = Duration::from_millis(250);
+/// The rows of a window kept as [`Window::newest`].
+pub const FEED_NEWEST: usize = 25;
+/// A window with this many rows is published at once (bounds the memory).
+const WINDOW_MAX: usize = 16384;
+
+/// One window of stored events.
+pub struct Window {
+    pub rows: Vec<log::EventRow>,
+    /// The newest [`FEED_NEWEST`] rows as JSON: what a page that follows
+    /// every machine (the dashboard) is sent, serialized once for all.
+    pub newest: String,
+}
 
 impl Default for Feed {
     fn default() -> Self {
-        Feed(tokio::sync::broadcast::Sender::new(FEED_BATCHES))
+        Feed(tokio::sync::broadcast::Sender::new(FEED_WINDOWS))
     }
 }
 
 impl Feed {
-    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<[log::EventRow]>> {
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<Window>> {
         self.0.subscribe()
     }
+}
 
+/// The writer's side of the feed: the rows of the window under way.
+#[derive(Default)]
+struct Gather {
+    rows: Vec<log::EventRow>,
+    since: Option<tokio::time::Instant>,
+}
+
+impl Gather {
     /// The batch `buf`, stored with ids up to `last`.
-    fn publish(&self, last: i64, buf: &[Event]) {
-        if self.0.receiver_count() == 0 || buf.is_empty() {
+    fn add(&mut self, feed: &Feed, last: i64, buf: &[Event]) {
+        if feed.0.receiver_count() == 0 || buf.is_empty() {
+            self.rows.clear();
+            self.since = None;
             return;
         }
         let first = last - buf.len() as i64 + 1;
-        let rows: Arc<[log::EventRow]> = buf
-            .iter()
-            .enumerate()
-            .map(|(i, e)| log::EventRow::stored(first + i as i64, e))
-            .collect();
-        let _ = self.0.send(rows);
+        self.rows.extend(
+            buf.iter()
+                .enumerate()
+                .map(|(i, e)| log::EventRow::stored(first + i as i64, e)),
+        );
+        let now = tokio::time::Instant::now();
+        let since = *self.since.get_or_insert(now);
+        if self.rows.len() >= WINDOW_MAX || now >= since + FEED_WINDOW {
+            self.publish(feed);
+        }
+    }
+
+    /// When the window under way closes (now when there is none).
+    fn due(&self) -> tokio::time::Instant {
+        self.since
+            .map_or_else(tokio::time::Instant::now, |s| s + FEED_WINDOW)
+    }
+
+    fn publish(&mut self, feed: &Feed) {
+        self.since = None;
+        if self.rows.is_empty() {
+            return;
+        }
+        let rows = std::mem::take(&mut self.rows);
+        let newest = serde_json::to_string(&rows[rows.len().saturating_sub(FEED_NEWEST)..])
+            .unwrap_or_else(|_| "[]".into());
+        let _ = feed.0.send(Arc::new(Window { rows, newest }));
     }
 }
 
@@ -422,6 +472,7 @@ pub async fn writer(
     let mut trimmer = Trimmer::default();
     let mut expire = tokio::time::interval(Duration::from_secs(3600));
     expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut gather = Gather::default();
     loop {
         tokio::select! {
             n = rx.recv_many(&mut buf, BATCH) => {
@@ -447,7 +498,7 @@ pub async fn writer(
                 match log.insert(&buf, &due, per_machine).await {
                     Ok(last) => {
                         metrics.events_written.inc_by(n as u64);
-                        feed.publish(last, &buf);
+                        gather.add(&feed, last, &buf);
                     }
                     Err(e) => {
                         metrics.events_dropped.inc_by(n as u64);
@@ -460,6 +511,9 @@ pub async fn writer(
                 }
                 buf.clear();
             }
+            _ = tokio::time::sleep_until(gather.due()), if gather.since.is_some() => {
+                gather.publish(&feed);
+            }
             _ = expire.tick() => {
                 match log.expire(max_age).await {
                     Ok(n) if n > 0 => tracing::info!(deleted = n, "expired old events"),
@@ -469,6 +523,7 @@ pub async fn writer(
             }
         }
     }
+    gather.publish(&feed);
     // Machines with pending counts are left for the next start's one pass:
     // trimming 100k of them one by one here would hold up the shutdown.
 }
@@ -602,8 +657,11 @@ mod tests {
         assert_eq!(m.events_written.get(), 51);
         // The feed had every event, with the id it was stored under.
         let mut fed = vec![];
-        while let Ok(batch) = listener.try_recv() {
-            fed.extend(batch.iter().cloned());
+        while let Ok(w) = listener.try_recv() {
+            // A window's newest rows, serialized once for every page.
+            let newest: Vec<log::EventRow> = serde_json::from_str(&w.newest).unwrap();
+            assert_eq!(newest, w.rows[w.rows.len().saturating_sub(FEED_NEWEST)..]);
+            fed.extend(w.rows.iter().cloned());
         }
         let stored = store
             .query(&EventQuery {

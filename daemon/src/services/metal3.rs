@@ -507,6 +507,9 @@ pub struct Claim {
     /// A label selector (kubectl's grammar); empty: any host.
     #[serde(default)]
     pub selector: String,
+    /// This host only (by name), as the web UI's Claim button asks.
+    #[serde(default)]
+    pub host: Option<String>,
     pub image: crate::metal3::model::Image,
     /// cloud-init user data, kept in a Secret `<host>-<consumer>-user-data`.
     #[serde(default)]
@@ -546,11 +549,16 @@ impl Metal3Service {
         let rows = self.store.hosts(Some(&ns)).await?;
         let candidates: Vec<&HostRow> = rows
             .iter()
+            .filter(|r| c.host.as_ref().is_none_or(|h| *h == r.key.name))
             .filter(|r| crate::labels::selects(&sel, &r.doc) && claimable(r))
             .collect();
         if candidates.is_empty() {
+            let which = c
+                .host
+                .as_ref()
+                .map_or(String::new(), |h| format!(" named {h}"));
             return Err(Error::NotFound(format!(
-                "an available BareMetalHost in namespace {ns} matching {:?} (state available, no consumer, \
+                "an available BareMetalHost{which} in namespace {ns} matching {:?} (state available, no consumer, \
                  no error, not paused)",
                 c.selector
             )));
@@ -669,8 +677,8 @@ fn claim_secret(namespace: &str, host: &str, consumer: &str) -> Key {
     Key::new(namespace, format!("{host}-{consumer}-user-data"))
 }
 
-/// CAPM3's candidate filter.
-fn claimable(r: &HostRow) -> bool {
+/// CAPM3's candidate filter (also what shows the web UI's Claim button).
+pub fn claimable(r: &HostRow) -> bool {
     use ProvisioningState as S;
     let ann = |k: &str| {
         r.doc

@@ -69,6 +69,18 @@ pub fn router(app: Arc<App>, token: Arc<str>, secure: bool) -> Router {
         .route("/ui/{kind}", get(objects::list))
         .route("/ui/{kind}/{namespace}/{name}", get(objects::one))
         .route("/ui/templates/{namespace}/{name}/run", post(objects::run))
+        .route(
+            "/ui/baremetalhosts/{namespace}/{name}/panel",
+            get(objects::host_panel),
+        )
+        .route(
+            "/ui/baremetalhosts/{namespace}/{name}/claim",
+            post(objects::claim),
+        )
+        .route(
+            "/ui/baremetalhosts/{namespace}/{name}/release",
+            post(objects::release),
+        )
         .route("/ui/machines/{namespace}/{name}", get(machine))
         .route("/ui/machines/{namespace}/{name}/row", get(machine_row))
         .route(
@@ -179,6 +191,17 @@ fn html<T: Template>(t: &T) -> Response {
                 .into_response()
         }
     }
+}
+
+/// An action the services refused, with its reason.
+fn refused(e: crate::services::Error) -> Response {
+    use crate::services::Error;
+    let status = match &e {
+        Error::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        Error::NotFound(_) => StatusCode::NOT_FOUND,
+        _ => StatusCode::CONFLICT,
+    };
+    (status, e.to_string()).into_response()
 }
 
 fn failed(e: impl std::fmt::Display) -> Response {
@@ -660,11 +683,15 @@ struct MachinePage {
     events: Vec<EventView>,
     last_id: i64,
     document: String,
+    /// The BareMetalHost this Hardware is made for (host mode's Metal3).
+    host: Option<objects::HostView>,
 }
 
 #[derive(Template)]
 #[template(path = "ui/panels.html")]
 struct PanelsFragment {
+    csrf: String,
+    host: Option<objects::HostView>,
     workflow: Option<WorkflowView>,
     jobs: Vec<JobView>,
 }
@@ -754,6 +781,16 @@ async fn machine(
         Ok(j) => j,
         Err(e) => return failed(e),
     };
+    let host = match app.store.host(&key).await {
+        Ok(h) => h.as_ref().map(objects::HostView::of),
+        Err(e) => return failed(e),
+    };
+    let mut facts = view::facts(&r.doc);
+    for (k, v) in host.iter().flat_map(|h| h.facts.iter()) {
+        if !facts.iter().any(|(have, _)| have == k) {
+            facts.push((k.clone(), v.clone()));
+        }
+    }
     let interfaces = r.doc["spec"]["interfaces"]
         .as_array()
         .map(|a| {
@@ -785,7 +822,8 @@ async fn machine(
             .and_then(|v| v.as_str())
             .unwrap_or("")
             .to_string(),
-        facts: view::facts(&r.doc),
+        facts,
+        host,
         workflow,
         jobs,
         notice: mq
@@ -816,9 +854,11 @@ async fn current_workflow(
     Ok(view::current_workflow(&workflows).cloned())
 }
 
-/// The Workflow and BMC jobs panels, for the page's live updates.
+/// The BareMetalHost, Workflow and BMC jobs panels, for the page's live
+/// updates.
 async fn machine_panels(
     State(ui): State<Shared>,
+    axum::Extension(cur): axum::Extension<Current>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
     let key = Key::new(ns, name);
@@ -828,14 +868,17 @@ async fn machine_panels(
         Ok(None) => return StatusCode::NOT_FOUND.into_response(),
         Err(e) => return failed(e),
     };
-    let (workflow, jobs) = match (
+    let (workflow, jobs, host) = match (
         current_workflow(app, &key).await,
         jobs(app, bmc_of(&doc, &key)).await,
+        app.store.host(&key).await,
     ) {
-        (Ok(w), Ok(j)) => (w, j),
-        (Err(e), _) | (_, Err(e)) => return failed(e),
+        (Ok(w), Ok(j), Ok(h)) => (w, j, h),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return failed(e),
     };
     html(&PanelsFragment {
+        csrf: cur.session.csrf.clone(),
+        host: host.as_ref().map(objects::HostView::of),
         workflow: workflow.as_ref().map(workflow_view),
         jobs,
     })
@@ -914,7 +957,7 @@ async fn machine_action(
             Redirect::to(&format!("/ui/machines/{}/{}?{q}", key.namespace, key.name))
                 .into_response()
         }
-        Err(e) => (StatusCode::CONFLICT, e.to_string()).into_response(),
+        Err(e) => refused(e),
     }
 }
 
@@ -924,22 +967,109 @@ async fn machine_action(
 struct StreamQuery {
     /// `namespace/name`: that machine's events only.
     machine: Option<String>,
+    /// `ns/a,ns/b,...`: these machines' only (the machines list's rows).
+    machines: Option<String>,
     /// Events after this id first, from the log (a reconnect's resume).
     after: Option<i64>,
 }
 
-/// Server-Sent Events: each message one batch of stored events (JSON, as
-/// `tinkerbox events` prints them), its id the batch's last, so a
-/// reconnecting EventSource resumes where it was (`Last-Event-ID`).
+/// Machines one stream may follow by name (a list page shows 100).
+const STREAM_MACHINES: usize = 500;
+/// The most events of one window a page that follows some machines is
+/// sent (the newest); one that follows every machine gets the feed's
+/// newest [`crate::events::FEED_NEWEST`]. A burst (a DHCP storm's
+/// thousands of events a second) costs each open page four small
+/// messages a second, and the hot paths nothing (tests/bench/run --only ui).
+const WINDOW_ROWS: usize = 100;
+
+/// Which machines' events a stream sends.
+#[derive(Debug, PartialEq)]
+enum Follow {
+    All,
+    One(Key),
+    Some(std::collections::HashSet<Key>),
+}
+
+impl Follow {
+    fn parse(q: &StreamQuery) -> Result<Follow, &'static str> {
+        let key = |m: &str| match m.split_once('/') {
+            Some((ns, n)) if !ns.is_empty() && !n.is_empty() && !n.contains('/') => {
+                Ok(Key::new(ns, n))
+            }
+            _ => Err("machine: NAMESPACE/NAME"),
+        };
+        match (&q.machine, &q.machines) {
+            (Some(m), None) => Ok(Follow::One(key(m)?)),
+            (None, Some(ms)) => {
+                let set = ms
+                    .split(',')
+                    .filter(|m| !m.is_empty())
+                    .map(key)
+                    .collect::<Result<std::collections::HashSet<Key>, _>>()?;
+                if set.len() > STREAM_MACHINES {
+                    return Err("machines: at most 500");
+                }
+                Ok(Follow::Some(set))
+            }
+            (None, None) => Ok(Follow::All),
+            (Some(_), Some(_)) => Err("machine or machines, not both"),
+        }
+    }
+
+    fn keeps(&self, e: &EventRow) -> bool {
+        let (Some(ns), Some(name)) = (e.namespace.as_deref(), e.name.as_deref()) else {
+            return *self == Follow::All;
+        };
+        match self {
+            Follow::All => true,
+            Follow::One(k) => k.namespace == ns && k.name == name,
+            Follow::Some(set) => set.contains(&Key::new(ns, name)),
+        }
+    }
+
+    /// The log query of a resume (a set is filtered after).
+    fn machine(&self) -> Option<Key> {
+        match self {
+            Follow::One(k) => Some(k.clone()),
+            _ => None,
+        }
+    }
+
+    /// What of `rows` (ids above `after` only) this stream sends: the
+    /// newest [`WINDOW_ROWS`] it follows, oldest first.
+    fn sent<'a>(&self, rows: &'a [EventRow], after: Option<i64>) -> Vec<&'a EventRow> {
+        let mut mine: Vec<&EventRow> = rows
+            .iter()
+            .rev()
+            .filter(|e| after.is_none_or(|a| e.id > a) && self.keeps(e))
+            .take(WINDOW_ROWS)
+            .collect();
+        mine.reverse();
+        mine
+    }
+
+    /// The message of [`Follow::sent`]; `None` when it is nothing.
+    fn message(&self, rows: &[EventRow], after: Option<i64>) -> Option<SseEvent> {
+        let mine = self.sent(rows, after);
+        let last = mine.last()?.id;
+        Some(message(
+            last,
+            serde_json::to_string(&mine).unwrap_or_else(|_| "[]".into()),
+        ))
+    }
+}
+
+/// Server-Sent Events: each message the events of one window of the feed
+/// (JSON, as `tinkerbox events` prints them), its id the newest one's, so
+/// a reconnecting EventSource resumes where it was (`Last-Event-ID`).
 async fn stream(
     State(ui): State<Shared>,
     headers: axum::http::HeaderMap,
     Query(q): Query<StreamQuery>,
 ) -> Response {
-    let machine = match q.machine.as_deref().map(|m| m.split_once('/')) {
-        None => None,
-        Some(Some((ns, n))) if !ns.is_empty() && !n.is_empty() => Some(Key::new(ns, n)),
-        Some(_) => return (StatusCode::BAD_REQUEST, "machine: NAMESPACE/NAME").into_response(),
+    let follow = match Follow::parse(&q) {
+        Ok(f) => f,
+        Err(m) => return (StatusCode::BAD_REQUEST, m).into_response(),
     };
     let resume = headers
         .get("last-event-id")
@@ -949,7 +1079,7 @@ async fn stream(
     let mut rx = ui.app.feed.subscribe();
     let log = ui.app.event_log.clone();
     let s = async_stream(move |tx| async move {
-        // The newest id sent (or skipped as another machine's).
+        // The newest id seen (sent, or skipped as another machine's).
         let mut last: Option<i64> = resume;
         // Resume from the log first (what happened while away), then the
         // feed; a listener that lagged reads the gap from the log again.
@@ -958,17 +1088,19 @@ async fn stream(
             if let Some(after) = last.filter(|_| catch_up) {
                 let rows = log
                     .query(&EventQuery {
-                        machine: machine.clone(),
+                        machine: follow.machine(),
                         after: Some(after),
                         limit: 1000,
                     })
                     .await
                     .unwrap_or_default();
+                if let Some(m) = follow.message(&rows, last)
+                    && tx.send(Ok(m)).await.is_err()
+                {
+                    return;
+                }
                 if let Some(l) = rows.last() {
                     last = Some(l.id);
-                    if tx.send(batch(&rows)).await.is_err() {
-                        return;
-                    }
                 }
                 catch_up = false;
             }
@@ -979,22 +1111,20 @@ async fn stream(
                 _ = tx.closed() => return,
             };
             match got {
-                Ok(rows) => {
-                    let mine: Vec<EventRow> = rows
-                        .iter()
-                        .filter(|e| last.is_none_or(|l| e.id > l))
-                        .filter(|e| {
-                            machine.as_ref().is_none_or(|k| {
-                                e.namespace.as_deref() == Some(k.namespace.as_str())
-                                    && e.name.as_deref() == Some(k.name.as_str())
-                            })
-                        })
-                        .cloned()
-                        .collect();
-                    if let Some(l) = rows.last() {
-                        last = Some(last.map_or(l.id, |x| x.max(l.id)));
-                    }
-                    if !mine.is_empty() && tx.send(batch(&mine)).await.is_err() {
+                Ok(w) => {
+                    let (Some(first), Some(newest)) = (w.rows.first(), w.rows.last()) else {
+                        continue;
+                    };
+                    let m = if follow == Follow::All && last.is_none_or(|l| l < first.id) {
+                        // The common case: the feed's own serialization.
+                        Some(message(newest.id, w.newest.clone()))
+                    } else {
+                        follow.message(&w.rows, last)
+                    };
+                    last = Some(last.map_or(newest.id, |x| x.max(newest.id)));
+                    if let Some(m) = m
+                        && tx.send(Ok(m)).await.is_err()
+                    {
                         return;
                     }
                 }
@@ -1008,11 +1138,8 @@ async fn stream(
         .into_response()
 }
 
-fn batch(rows: &[EventRow]) -> Result<SseEvent, std::convert::Infallible> {
-    let id = rows.last().map_or(0, |r| r.id);
-    Ok(SseEvent::default()
-        .id(id.to_string())
-        .data(serde_json::to_string(rows).unwrap_or_else(|_| "[]".into())))
+fn message(id: i64, json: String) -> SseEvent {
+    SseEvent::default().id(id.to_string()).data(json)
 }
 
 /// A stream of what `f` sends on its channel (a bounded one: a slow page
@@ -1027,4 +1154,93 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(f(tx));
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(machine: Option<&str>, machines: Option<&str>) -> StreamQuery {
+        StreamQuery {
+            machine: machine.map(String::from),
+            machines: machines.map(String::from),
+            after: None,
+        }
+    }
+
+    fn ev(id: i64, machine: Option<(&str, &str)>) -> EventRow {
+        EventRow {
+            id,
+            time: String::new(),
+            namespace: machine.map(|m| m.0.to_string()),
+            name: machine.map(|m| m.1.to_string()),
+            mac: None,
+            ip: None,
+            kind: "dhcp.ack".into(),
+            message: String::new(),
+            fields: None,
+        }
+    }
+
+    #[test]
+    fn a_stream_follows_all_one_or_a_set_of_machines() {
+        let all = Follow::parse(&q(None, None)).unwrap();
+        let one = Follow::parse(&q(Some("lab/web-01"), None)).unwrap();
+        let set = Follow::parse(&q(None, Some("lab/web-01,lab/web-02,"))).unwrap();
+        let (a, b, c, none) = (
+            ev(1, Some(("lab", "web-01"))),
+            ev(2, Some(("lab", "web-02"))),
+            ev(3, Some(("other", "web-01"))),
+            ev(4, None),
+        );
+        assert!([&a, &b, &c, &none].iter().all(|e| all.keeps(e)));
+        assert!(one.keeps(&a) && !one.keeps(&b) && !one.keeps(&c) && !one.keeps(&none));
+        assert!(set.keeps(&a) && set.keeps(&b) && !set.keeps(&c) && !set.keeps(&none));
+        assert_eq!(one.machine(), Some(Key::new("lab", "web-01")));
+        assert_eq!(set.machine(), None);
+        for bad in [
+            q(Some("web-01"), None),
+            q(Some("/x"), None),
+            q(Some("a/b/c"), None),
+            q(Some("a/b"), Some("a/b")),
+            q(None, Some("a/b,nope")),
+        ] {
+            assert!(
+                Follow::parse(&bad).is_err(),
+                "{:?} {:?}",
+                bad.machine,
+                bad.machines
+            );
+        }
+        let many = (0..=STREAM_MACHINES)
+            .map(|i| format!("ns/m{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(Follow::parse(&q(None, Some(&many))).is_err());
+    }
+
+    #[test]
+    fn a_message_has_the_newest_rows_it_follows_after_the_last_sent() {
+        let rows: Vec<EventRow> = (1..=(WINDOW_ROWS as i64 + 30))
+            .map(|id| ev(id, Some(("lab", if id % 2 == 0 { "even" } else { "odd" }))))
+            .collect();
+        let ids =
+            |f: &Follow, after| -> Vec<i64> { f.sent(&rows, after).iter().map(|e| e.id).collect() };
+        let all = Follow::All;
+        assert!(ids(&all, Some(rows.len() as i64)).is_empty(), "nothing new");
+        assert!(all.message(&rows, Some(rows.len() as i64)).is_none());
+        assert!(all.message(&[], None).is_none());
+        let newest = ids(&all, None);
+        assert_eq!(newest.len(), WINDOW_ROWS);
+        assert_eq!(
+            (newest[0], newest[WINDOW_ROWS - 1]),
+            (31, 130),
+            "the newest, oldest first"
+        );
+        let odd = Follow::One(Key::new("lab", "odd"));
+        assert_eq!(
+            ids(&odd, Some(110)),
+            vec![111, 113, 115, 117, 119, 121, 123, 125, 127, 129]
+        );
+    }
 }

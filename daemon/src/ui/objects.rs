@@ -3,7 +3,7 @@
 //! it), WorkflowRuleSets, BMC jobs and BareMetalHosts. One list template
 //! and one detail template for all of them: a kind is its columns.
 
-use super::{Current, Shared, failed, html};
+use super::{Current, Shared, failed, html, refused};
 use crate::hardware::Key;
 use askama::Template;
 use axum::extract::{Path, Query, State};
@@ -275,6 +275,59 @@ struct DetailPage {
     document: String,
     /// Templates: the machines it can be rendered for, and the result.
     render: Option<Rendered>,
+    /// BareMetalHosts: the summary, claim and release.
+    host: Option<HostView>,
+}
+
+/// A BareMetalHost as its page and its Hardware's page show it, with the
+/// claim or release it can be given there.
+pub(super) struct HostView {
+    pub namespace: String,
+    pub name: String,
+    pub state: String,
+    pub consumer: String,
+    pub online: String,
+    pub powered_on: String,
+    pub image: String,
+    pub error: String,
+    /// Its inspection (`status.hardware`).
+    pub facts: Vec<(String, String)>,
+    /// CAPM3's candidate filter passes it: the Claim form shows.
+    pub claimable: bool,
+    /// It has a consumer or an image: the Release button shows.
+    pub releasable: bool,
+    /// The time, for the claim form's default consumer name.
+    pub now_ms: i64,
+}
+
+impl HostView {
+    pub(super) fn of(h: &crate::store::metal3::HostRow) -> HostView {
+        let doc = h.with_status();
+        let r = crate::metal3::model::row(&doc);
+        let set = |p: &str| doc.pointer(p).is_some_and(|v| !v.is_null());
+        HostView {
+            namespace: h.key.namespace.clone(),
+            name: h.key.name.clone(),
+            powered_on: doc
+                .pointer("/status/poweredOn")
+                .map(Value::to_string)
+                .unwrap_or_default(),
+            image: s(&doc, "/spec/image/url").to_string(),
+            facts: h
+                .status
+                .hardware
+                .as_ref()
+                .map(super::view::host_facts)
+                .unwrap_or_default(),
+            claimable: crate::services::metal3::claimable(h),
+            releasable: set("/spec/consumerRef") || set("/spec/image"),
+            state: r.state,
+            consumer: r.consumer,
+            online: r.online,
+            error: r.error,
+            now_ms: crate::clock::now_ms(),
+        }
+    }
 }
 
 struct Rendered {
@@ -303,6 +356,7 @@ pub(super) async fn one(
     };
     let key = Key::new(ns, name);
     let store = &ui.app.store;
+    let mut host = None;
     let doc: Result<Option<Value>, crate::store::StoreError> = async {
         Ok(match kind {
             Kind::Workflows => store.workflow(&key).await?.map(|w| w.with_status()),
@@ -312,7 +366,10 @@ pub(super) async fn one(
                 .job(&key)
                 .await?
                 .and_then(|j| serde_json::to_value(j).ok()),
-            Kind::Hosts => store.host(&key).await?.map(|h| h.with_status()),
+            Kind::Hosts => store.host(&key).await?.map(|h| {
+                host = Some(HostView::of(&h));
+                h.with_status()
+            }),
         })
     }
     .await;
@@ -352,7 +409,117 @@ pub(super) async fn one(
         key: format!("{}/{}", key.namespace, key.name),
         document: serde_saphyr::to_string(&doc).unwrap_or_else(|_| doc.to_string()),
         render,
+        host,
     })
+}
+
+#[derive(Template)]
+#[template(path = "ui/host_panel.html")]
+struct HostPanel {
+    csrf: String,
+    h: HostView,
+}
+
+/// A host's panels, for its page's live updates.
+pub(super) async fn host_panel(
+    State(ui): State<Shared>,
+    axum::Extension(cur): axum::Extension<Current>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    match ui.app.store.host(&Key::new(ns, name)).await {
+        Ok(Some(h)) => html(&HostPanel {
+            csrf: cur.session.csrf.clone(),
+            h: HostView::of(&h),
+        }),
+        Ok(None) => StatusCode::NOT_FOUND.into_response(),
+        Err(e) => failed(e),
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct ClaimForm {
+    csrf: String,
+    image: String,
+    #[serde(default)]
+    checksum: String,
+    #[serde(default)]
+    format: String,
+    #[serde(default)]
+    consumer: String,
+    #[serde(default)]
+    user_data: String,
+}
+
+/// A BareMetalHost's Claim: `tinkerbox claim --host` (CAPM3's Associate,
+/// for this host only) through the services, then its page, which
+/// follows it through provisioning.
+pub(super) async fn claim(
+    State(ui): State<Shared>,
+    axum::Extension(cur): axum::Extension<Current>,
+    Path((ns, name)): Path<(String, String)>,
+    axum::extract::Form(f): axum::extract::Form<ClaimForm>,
+) -> Response {
+    if let Some(r) = cur.refuse_csrf(&f.csrf) {
+        return r;
+    }
+    let format = match f.format.as_str() {
+        "" => None,
+        other => match serde_json::from_value(Value::String(other.into())) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                return (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!("format: {other:?} is not raw, qcow2, vdi, vmdk or live-iso"),
+                )
+                    .into_response();
+            }
+        },
+    };
+    let given = |v: &str| Some(v.trim().to_string()).filter(|v| !v.is_empty());
+    let c = crate::services::metal3::Claim {
+        namespace: Some(ns.clone()),
+        selector: String::new(),
+        host: Some(name.clone()),
+        image: crate::metal3::model::Image {
+            url: f.image.trim().to_string(),
+            checksum: given(&f.checksum),
+            checksum_type: None,
+            format,
+            oci_auth_secret_name: None,
+        },
+        user_data: Some(f.user_data).filter(|u| !u.trim().is_empty()),
+        consumer: given(&f.consumer).unwrap_or_else(|| format!("ui-{}", crate::clock::now_ms())),
+    };
+    match ui.app.services.metal3.claim(&c).await {
+        Ok(_) => {
+            axum::response::Redirect::to(&detail(Kind::Hosts, &Key::new(ns, name))).into_response()
+        }
+        Err(e) => refused(e),
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct CsrfForm {
+    csrf: String,
+}
+
+/// A BareMetalHost's Release: CAPM3's Delete (image and data cleared,
+/// deprovisioned, then the consumer cleared by the controller's next
+/// calls) through the services.
+pub(super) async fn release(
+    State(ui): State<Shared>,
+    axum::Extension(cur): axum::Extension<Current>,
+    Path((ns, name)): Path<(String, String)>,
+    axum::extract::Form(f): axum::extract::Form<CsrfForm>,
+) -> Response {
+    if let Some(r) = cur.refuse_csrf(&f.csrf) {
+        return r;
+    }
+    let key = Key::new(ns, name);
+    match ui.app.services.metal3.release(&key).await {
+        Ok(_) => axum::response::Redirect::to(&detail(Kind::Hosts, &key)).into_response(),
+        Err(e) => refused(e),
+    }
 }
 
 /// Template `t` rendered as the engine would for Hardware `hw` (its
@@ -424,7 +591,7 @@ pub(super) async fn run(
             hw_key.namespace, hw_key.name
         ))
         .into_response(),
-        Err(e) => (StatusCode::CONFLICT, e.to_string()).into_response(),
+        Err(e) => refused(e),
     }
 }
 

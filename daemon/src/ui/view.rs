@@ -291,6 +291,87 @@ pub fn facts(doc: &Value) -> Vec<(String, String)> {
     out
 }
 
+/// A BareMetalHost's inspection (`status.hardware`, Metal3's
+/// HardwareDetails) as the same name/value lines as [`facts`].
+pub fn host_facts(hw: &Value) -> Vec<(String, String)> {
+    let text = |v: &Value, p: &str| match v.pointer(p) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => String::new(),
+    };
+    let mut out = vec![];
+    let mut push = |k: String, v: String| {
+        let v = v.trim().to_string();
+        if !v.is_empty() {
+            out.push((k, v));
+        }
+    };
+    push(
+        "product".into(),
+        format!(
+            "{} {}",
+            text(hw, "/systemVendor/manufacturer"),
+            text(hw, "/systemVendor/productName")
+        ),
+    );
+    push("serial".into(), text(hw, "/systemVendor/serialNumber"));
+    push(
+        "firmware".into(),
+        format!(
+            "{} {}",
+            text(hw, "/firmware/bios/vendor"),
+            text(hw, "/firmware/bios/version")
+        ),
+    );
+    let count = text(hw, "/cpu/count");
+    push(
+        "cpu".into(),
+        format!(
+            "{}{} {}",
+            if count.is_empty() {
+                String::new()
+            } else {
+                format!("{count} × ")
+            },
+            text(hw, "/cpu/model"),
+            text(hw, "/cpu/arch")
+        ),
+    );
+    if let Some(m) = hw.pointer("/ramMebibytes").and_then(Value::as_u64) {
+        push("memory".into(), format!("{:.1} GiB", m as f64 / 1024.0));
+    }
+    for d in hw
+        .pointer("/storage")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .take(16)
+    {
+        let size = d
+            .pointer("/sizeBytes")
+            .and_then(Value::as_u64)
+            .map(|b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64))
+            .unwrap_or_default();
+        push(
+            format!("disk {}", text(d, "/name")),
+            format!("{size} {}", text(d, "/model")),
+        );
+    }
+    for n in hw
+        .pointer("/nics")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .take(16)
+    {
+        push(
+            format!("nic {}", text(n, "/name")),
+            format!("{} {}", text(n, "/mac"), text(n, "/ip")),
+        );
+    }
+    out
+}
+
 /// What a list is narrowed to.
 #[derive(Debug, Default)]
 pub struct Filter {
@@ -445,6 +526,27 @@ mod tests {
         for l in Lifecycle::ALL {
             assert_eq!(Lifecycle::parse(l.as_str()), Some(l));
         }
+    }
+
+    #[test]
+    fn a_host_s_inspection_reads_as_facts() {
+        let hw = serde_json::json!({
+            "systemVendor": {"manufacturer": "QEMU", "productName": "Standard PC (Q35)", "serialNumber": ""},
+            "firmware": {"bios": {"vendor": "EFI Development Kit II / OVMF", "version": "0.0.0"}},
+            "cpu": {"arch": "x86_64", "model": "QEMU Virtual CPU", "count": 2},
+            "ramMebibytes": 2048,
+            "storage": [{"name": "/dev/vda", "sizeBytes": 5368709120u64, "model": ""}],
+            "nics": [{"name": "enp0s3", "mac": "52:54:00:12:34:56", "ip": "10.9.0.20"}],
+        });
+        let f = host_facts(&hw);
+        let get = |k: &str| f.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("product"), Some("QEMU Standard PC (Q35)"));
+        assert_eq!(get("serial"), None, "empty values are left out");
+        assert_eq!(get("cpu"), Some("2 × QEMU Virtual CPU x86_64"));
+        assert_eq!(get("memory"), Some("2.0 GiB"));
+        assert_eq!(get("disk /dev/vda"), Some("5.0 GiB"));
+        assert_eq!(get("nic enp0s3"), Some("52:54:00:12:34:56 10.9.0.20"));
+        assert!(host_facts(&serde_json::json!({})).is_empty());
     }
 
     #[test]
