@@ -300,13 +300,24 @@ pub struct Patch {
 #[derive(Default)]
 pub struct Inventory {
     current: ArcSwap<Snapshot>,
+    /// Snapshots published so far: a reader's cache of what it derived
+    /// from the stored documents is good while this has not moved (every
+    /// committed Hardware change publishes one).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Inventory {
     pub fn new(snapshot: Snapshot) -> Self {
         Inventory {
             current: ArcSwap::from_pointee(snapshot),
+            generation: Default::default(),
         }
+    }
+
+    /// See the field: read it before reading the documents, so that what
+    /// is cached under it is at least as new.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The current snapshot; cheap, lock-free, consistent for as long as held.
@@ -327,6 +338,8 @@ impl Inventory {
         }
         let n = next.len();
         self.current.store(Arc::new(next));
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         n
     }
 }
@@ -347,6 +360,27 @@ mod tests {
             "spec": {"interfaces": interfaces, "userData": "#cloud-config\n"}}))
         .unwrap()
         .machine
+    }
+
+    #[test]
+    fn every_publication_moves_the_generation() {
+        let inv = Inventory::default();
+        let g = inv.generation();
+        inv.apply(Patch {
+            upsert: vec![machine(
+                "default",
+                "m1",
+                &[("52:54:00:00:00:01", "10.0.0.1")],
+            )],
+            delete: vec![],
+        });
+        assert_eq!(inv.generation(), g + 1);
+        inv.apply(Patch {
+            upsert: vec![],
+            delete: vec![Key::new("default", "m1")],
+        });
+        assert_eq!(inv.generation(), g + 2);
+        assert!(inv.snapshot().is_empty());
     }
 
     #[test]

@@ -397,7 +397,7 @@ def main():
             add(f"ui: known-host DHCP p99 ms at {(r.get('quiet') or {}).get('target')}/s, no page / "
                 f"{st.get('streams')} live pages ({st.get('messages')} messages sent them)",
                 f"{q.get('p99')} / {w.get('p99')}", "-", None, None, "unchanged within noise",
-                q.get("p99") is not None and w.get("p99") is not None and w["p99"] <= max(1.5 * q["p99"], q["p99"] + 0.3))
+                q.get("p99") is not None and w.get("p99") is not None and w["p99"] <= max(2 * q["p99"], q["p99"] + 0.5))
     for r in rows:
         if r["section"] == "dhcp-ready":
             add(f"{r['server']} ready with {r['config']} hosts: s / RSS MiB", "-", r["server"],

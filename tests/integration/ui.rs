@@ -127,6 +127,23 @@ fn login_pages_filters_the_live_feed_and_logout() {
         "{headers}"
     );
     assert!(h.contains("x-content-type-options: nosniff"));
+    assert!(h.contains("cache-control: no-store"), "{headers}");
+    // The assets, named by their hash: kept by the browser for good.
+    let css = body
+        .split("href=\"")
+        .find_map(|p| p.strip_prefix("/ui/assets/ui.css?v="))
+        .and_then(|p| p.split('"').next())
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(css.len(), 16, "{body}");
+    let (code, headers, _) = get(&d, jar, &format!("/ui/assets/ui.css?v={css}"));
+    assert_eq!(code, "200");
+    assert!(
+        headers
+            .to_lowercase()
+            .contains("cache-control: public, max-age=31536000, immutable"),
+        "{headers}"
+    );
     // Search by MAC, filter by label, by state; a bad selector says so.
     let (_, _, body) = get(&d, jar, "/ui/?q=12:34:02");
     assert!(
@@ -236,6 +253,12 @@ fn login_pages_filters_the_live_feed_and_logout() {
     let (code, _, body) = get(&d, jar, "/ui/machines/default/web-01/row");
     assert_eq!(code, "200");
     assert!(body.contains("10.1.0.21"), "{body}");
+    // The list too (its cache of the documents follows every change).
+    let (_, _, body) = get(&d, jar, "/ui/?q=web-01");
+    assert!(
+        body.contains("10.1.0.21") && !body.contains("10.1.0.11"),
+        "{body}"
+    );
 
     // Logout: a wrong CSRF token is refused; the right one ends the session.
     let (_, _, page) = get(&d, jar, "/ui/");

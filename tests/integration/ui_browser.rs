@@ -177,8 +177,10 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         c.goto(&d.api_url("/ui/")).await.unwrap();
 
         // Find it: a search by part of its MAC.
-        let q = c.find(Locator::Css("input[name=q]")).await.unwrap();
-        q.send_keys("ee:00:01\n").await.unwrap();
+        // Found from the keyboard: "/" goes to the search box.
+        c.find(Locator::Css("body")).await.unwrap().send_keys("/").await.unwrap();
+        assert_eq!(js(&c, "document.activeElement.name").await, json!("q"));
+        c.active_element().await.unwrap().send_keys("ee:00:01\n").await.unwrap();
         until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 1").await;
         click(&c, Locator::LinkText("web-01")).await;
         until(&c, 10, "location.pathname === '/ui/machines/default/web-01'").await;

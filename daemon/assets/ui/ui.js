@@ -15,6 +15,17 @@
     if (b && !window.confirm(b.dataset.confirm)) e.preventDefault();
   });
 
+  // "/" goes to the search box (as on most consoles), unless typing.
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "/" || e.ctrlKey || e.metaKey || e.altKey) return;
+    if (e.target.closest("input, textarea, select, [contenteditable]")) return;
+    const q = document.querySelector("input[name=q]");
+    if (!q) return;
+    e.preventDefault();
+    q.focus();
+    q.select();
+  });
+
   const live = document.getElementById("live");
   const list = document.getElementById("machines");
   // A machine's page, or a BareMetalHost's: its panels re-fetched from

@@ -50,6 +50,9 @@ struct Ui {
     secure: bool,
     /// The dashboard's counters, sampled.
     samples: rates::Samples,
+    /// Every Hardware document, parsed, as of an inventory generation:
+    /// the list reads SQLite again only after a Hardware changed.
+    docs: tokio::sync::Mutex<Option<(u64, Arc<Vec<Arc<serde_json::Value>>>)>>,
 }
 
 type Shared = Arc<Ui>;
@@ -61,6 +64,7 @@ pub fn router(app: Arc<App>, token: Arc<str>, secure: bool) -> Router {
         sessions: Sessions::default(),
         secure,
         samples: rates::Samples::default(),
+        docs: Default::default(),
     });
     tokio::spawn(sample(Arc::downgrade(&ui)));
     let private = Router::new()
@@ -122,7 +126,11 @@ async fn security_headers(req: Request, next: Next) -> Response {
         header::REFERRER_POLICY,
         HeaderValue::from_static("no-referrer"),
     );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // Pages are never kept (they show a session's data); the assets say
+    // for themselves how long they are kept.
+    if !h.contains_key(header::CACHE_CONTROL) {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
     r
 }
 
@@ -276,19 +284,42 @@ async fn logout(
 // ---- assets ----
 
 /// The page's style and script, in the binary.
+const CSS: &str = include_str!("../../assets/ui/ui.css");
+const JS: &str = include_str!("../../assets/ui/ui.js");
+
+/// FNV-1a of the assets: the pages name them with it (`?v=`), so a
+/// browser keeps them for good and a new build's are fetched at once.
+const ASSETS_HASH: u64 = {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let (a, b) = (CSS.as_bytes(), JS.as_bytes());
+    let mut i = 0;
+    while i < a.len() + b.len() {
+        let byte = if i < a.len() { a[i] } else { b[i - a.len()] };
+        h = (h ^ byte as u64).wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    h
+};
+
+/// The assets' version, as the templates put it in their URLs.
+pub fn assets() -> String {
+    format!("{ASSETS_HASH:016x}")
+}
+
 async fn asset(Path(file): Path<String>) -> Response {
     let (body, kind) = match file.as_str() {
-        "ui.css" => (
-            include_str!("../../assets/ui/ui.css"),
-            "text/css; charset=utf-8",
-        ),
-        "ui.js" => (
-            include_str!("../../assets/ui/ui.js"),
-            "text/javascript; charset=utf-8",
-        ),
+        "ui.css" => (CSS, "text/css; charset=utf-8"),
+        "ui.js" => (JS, "text/javascript; charset=utf-8"),
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
-    ([(header::CONTENT_TYPE, kind)], body).into_response()
+    (
+        [
+            (header::CONTENT_TYPE, kind),
+            (header::CACHE_CONTROL, "public, max-age=31536000, immutable"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 // ---- the dashboard ----
@@ -324,7 +355,7 @@ async fn dashboard(
     axum::Extension(cur): axum::Extension<Current>,
 ) -> Response {
     let app = &ui.app;
-    let all = match rows(app).await {
+    let all = match rows(&ui).await {
         Ok(r) => r,
         Err(e) => return failed(e),
     };
@@ -466,8 +497,33 @@ struct ListQuery {
 }
 
 /// Every Hardware's row (its Workflow and power read in three queries).
-async fn rows(app: &App) -> Result<Vec<Row>, crate::store::StoreError> {
-    let docs = app.store.list(None).await?;
+/// Every Hardware document, from the cache while no Hardware changed.
+async fn docs(ui: &Ui) -> Result<Arc<Vec<Arc<serde_json::Value>>>, crate::store::StoreError> {
+    // One reader refills it; the others wait for that rather than all
+    // reading SQLite at once.
+    let mut cache = ui.docs.lock().await;
+    let generation = ui.app.inventory.generation();
+    if let Some((g, docs)) = cache.as_ref()
+        && *g == generation
+    {
+        return Ok(docs.clone());
+    }
+    let docs: Arc<Vec<Arc<serde_json::Value>>> = Arc::new(
+        ui.app
+            .store
+            .list(None)
+            .await?
+            .into_iter()
+            .map(Arc::new)
+            .collect(),
+    );
+    *cache = Some((generation, docs.clone()));
+    Ok(docs)
+}
+
+async fn rows(ui: &Ui) -> Result<Vec<Row>, crate::store::StoreError> {
+    let app = &ui.app;
+    let docs = docs(ui).await?;
     let workflows = app.store.workflows(None, &[]).await?;
     let mut by_hw: HashMap<Key, Vec<&crate::store::workflow::WorkflowRow>> = HashMap::new();
     for w in &workflows {
@@ -486,14 +542,14 @@ async fn rows(app: &App) -> Result<Vec<Row>, crate::store::StoreError> {
         .map(|m| (m.key, m.power_state))
         .collect();
     Ok(docs
-        .into_iter()
+        .iter()
         .map(|d| {
-            let key = Key::of(&d);
+            let key = Key::of(d);
             let wf = by_hw
                 .get(&key)
                 .and_then(|ws| view::current_workflow(ws.iter().copied()));
-            let p = bmc_of(&d, &key).and_then(|b| power.get(&b).copied());
-            view::row(d, wf, p)
+            let p = bmc_of(d, &key).and_then(|b| power.get(&b).copied());
+            view::row(d.clone(), wf, p)
         })
         .collect())
 }
@@ -522,7 +578,7 @@ async fn machines(
     axum::Extension(cur): axum::Extension<Current>,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    let all = match rows(&ui.app).await {
+    let all = match rows(&ui).await {
         Ok(r) => r,
         Err(e) => return failed(e),
     };

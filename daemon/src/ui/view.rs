@@ -105,8 +105,8 @@ pub struct Row {
     pub workflow: Option<Progress>,
     /// When it was last heard from (its newest event), ms since the epoch.
     pub last_heard_ms: Option<i64>,
-    /// The document, for the label selector.
-    pub doc: Value,
+    /// The document, for the label selector (shared with the list's cache).
+    pub doc: std::sync::Arc<Value>,
 }
 
 fn under_way(s: WfState) -> bool {
@@ -147,7 +147,12 @@ pub fn current_workflow<'a>(
 
 /// A Hardware's row, from its document, its current Workflow and its BMC
 /// Machine's power.
-pub fn row(doc: Value, workflow: Option<&WorkflowRow>, power: Option<PowerState>) -> Row {
+pub fn row(
+    doc: impl Into<std::sync::Arc<Value>>,
+    workflow: Option<&WorkflowRow>,
+    power: Option<PowerState>,
+) -> Row {
+    let doc = doc.into();
     let meta = &doc["metadata"];
     let key = Key::of(&doc);
     let labels: Vec<(String, String)> = meta["labels"]
