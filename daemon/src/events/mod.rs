@@ -29,7 +29,7 @@ const BATCH: usize = 4096;
 const LINGER: Duration = Duration::from_millis(100);
 
 /// What an event is about: stored as its dotted name (`dhcp.offer`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Kind {
     #[serde(rename = "hardware.created")]
     HardwareCreated,

@@ -52,10 +52,13 @@ struct Ui {
     samples: rates::Samples,
     /// Every Hardware document, parsed, as of an inventory generation:
     /// the list reads SQLite again only after a Hardware changed.
-    docs: tokio::sync::Mutex<Option<(u64, Arc<Vec<Arc<serde_json::Value>>>)>>,
+    docs: tokio::sync::Mutex<Option<(u64, Docs)>>,
 }
 
 type Shared = Arc<Ui>;
+
+/// Every Hardware document, parsed.
+type Docs = Arc<Vec<Arc<serde_json::Value>>>;
 
 pub fn router(app: Arc<App>, token: Arc<str>, secure: bool) -> Router {
     let ui = Arc::new(Ui {
@@ -498,7 +501,7 @@ struct ListQuery {
 
 /// Every Hardware's row (its Workflow and power read in three queries).
 /// Every Hardware document, from the cache while no Hardware changed.
-async fn docs(ui: &Ui) -> Result<Arc<Vec<Arc<serde_json::Value>>>, crate::store::StoreError> {
+async fn docs(ui: &Ui) -> Result<Docs, crate::store::StoreError> {
     // One reader refills it; the others wait for that rather than all
     // reading SQLite at once.
     let mut cache = ui.docs.lock().await;
@@ -508,7 +511,7 @@ async fn docs(ui: &Ui) -> Result<Arc<Vec<Arc<serde_json::Value>>>, crate::store:
     {
         return Ok(docs.clone());
     }
-    let docs: Arc<Vec<Arc<serde_json::Value>>> = Arc::new(
+    let docs: Docs = Arc::new(
         ui.app
             .store
             .list(None)
@@ -741,6 +744,7 @@ struct MachinePage {
     document: String,
     /// The BareMetalHost this Hardware is made for (host mode's Metal3).
     host: Option<objects::HostView>,
+    stages: Vec<StageView>,
 }
 
 #[derive(Template)]
@@ -748,8 +752,49 @@ struct MachinePage {
 struct PanelsFragment {
     csrf: String,
     host: Option<objects::HostView>,
+    stages: Vec<StageView>,
     workflow: Option<WorkflowView>,
     jobs: Vec<JobView>,
+}
+
+/// A stage of the newest boot, as the machine's page shows it.
+struct StageView {
+    name: &'static str,
+    /// Since the first stage, `+12.3 s`.
+    at: String,
+    /// Until the next stage; empty for the last.
+    took: String,
+}
+
+/// The newest boot's stages from a machine's events (any order).
+fn stage_views(events: &[EventRow]) -> Vec<StageView> {
+    let mut boot: Vec<view::BootEvent> = events
+        .iter()
+        .filter_map(|e| {
+            Some(view::BootEvent {
+                kind: serde_json::from_value(serde_json::Value::String(e.kind.clone())).ok()?,
+                ms: event_ms(e)?,
+                to: e
+                    .fields
+                    .as_ref()
+                    .and_then(|f| f.get("to"))
+                    .and_then(|v| v.as_str())
+                    .map(String::from),
+            })
+        })
+        .collect();
+    boot.sort_by_key(|e| e.ms);
+    let stages = view::stages(&boot);
+    let first = stages.first().map_or(0, |s| s.at_ms);
+    let secs = |ms: i64| format!("{:.1} s", ms as f64 / 1000.0);
+    stages
+        .iter()
+        .map(|s| StageView {
+            name: s.stage.as_str(),
+            at: format!("+{}", secs(s.at_ms - first)),
+            took: s.took_ms.map(secs).unwrap_or_default(),
+        })
+        .collect()
 }
 
 /// A BMC job, as the machine's page lists it.
@@ -868,6 +913,7 @@ async fn machine(
         })
         .unwrap_or_default();
     let page = MachinePage {
+        stages: stage_views(&events),
         csrf: cur.session.csrf.clone(),
         key: format!("{}/{}", key.namespace, key.name),
         labels: r.labels.clone(),
@@ -932,9 +978,19 @@ async fn machine_panels(
         (Ok(w), Ok(j), Ok(h)) => (w, j, h),
         (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return failed(e),
     };
+    let events = app
+        .event_log
+        .query(&EventQuery {
+            machine: Some(key.clone()),
+            after: None,
+            limit: TIMELINE,
+        })
+        .await
+        .unwrap_or_default();
     html(&PanelsFragment {
         csrf: cur.session.csrf.clone(),
         host: host.as_ref().map(objects::HostView::of),
+        stages: stage_views(&events),
         workflow: workflow.as_ref().map(workflow_view),
         jobs,
     })

@@ -3,6 +3,7 @@
 //! paging. The handlers read the store and hand the documents here.
 
 use crate::bmc::PowerState;
+use crate::events::Kind;
 use crate::hardware::Key;
 use crate::store::workflow::WorkflowRow;
 use crate::workflow::model::State as WfState;
@@ -377,6 +378,125 @@ pub fn host_facts(hw: &Value) -> Vec<(String, String)> {
     out
 }
 
+/// A stage of a machine's newest network boot, as its events tell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    PowerOn,
+    Dhcp,
+    Tftp,
+    Ipxe,
+    Osie,
+    Workflow,
+    Finished,
+    FromDisk,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::PowerOn => "power on",
+            Stage::Dhcp => "DHCP",
+            Stage::Tftp => "TFTP",
+            Stage::Ipxe => "iPXE script",
+            Stage::Osie => "OSIE",
+            Stage::Workflow => "Workflow",
+            Stage::Finished => "Workflow done",
+            Stage::FromDisk => "installed system",
+        }
+    }
+}
+
+/// One event, as [`stages`] reads it.
+pub struct BootEvent {
+    pub kind: Kind,
+    pub ms: i64,
+    /// `workflow.state`: the state it went to.
+    pub to: Option<String>,
+}
+
+/// A stage, when it began, and how long until the next one began.
+#[derive(Debug, PartialEq)]
+pub struct StageTime {
+    pub stage: Stage,
+    pub at_ms: i64,
+    pub took_ms: Option<i64>,
+}
+
+/// The stages of the newest network boot in `events` (oldest first): it
+/// is anchored on the last iPXE script served; before it the TFTP
+/// transfer, the firmware's DHCP exchange and the BMC's power-on; after
+/// it the OSIE's first download, the Workflow's first action, its end,
+/// and the installed system's first metadata read or syslog line.
+pub fn stages(events: &[BootEvent]) -> Vec<StageTime> {
+    use Kind as K;
+    let Some(a) = events.iter().rposition(|e| e.kind == K::IpxeScript) else {
+        return vec![];
+    };
+    let dhcp = |k: K| {
+        matches!(
+            k,
+            K::DhcpOffer | K::DhcpAck | K::DhcpProxyOffer | K::DhcpProxyAck | K::DiscoveryLease
+        )
+    };
+    let last_before =
+        |end: usize, f: &dyn Fn(K) -> bool| events[..end].iter().rposition(|e| f(e.kind));
+    let first_after = |start: usize, f: &dyn Fn(&BootEvent) -> bool| {
+        events
+            .get(start..)
+            .and_then(|rest| rest.iter().position(f))
+            .map(|i| start + i)
+    };
+    let mut found: Vec<(Stage, usize)> = vec![];
+    let tftp = last_before(a, &|k| k == K::TftpSent);
+    // The exchange's first packet: back over the run of DHCP events.
+    let dhcp_at = last_before(tftp.unwrap_or(a), &dhcp).map(|mut i| {
+        while i > 0 && dhcp(events[i - 1].kind) {
+            i -= 1;
+        }
+        i
+    });
+    if let Some(d) = dhcp_at
+        && let Some(p) = last_before(d, &|k| matches!(k, K::BmcNetboot | K::BmcPower))
+    {
+        found.push((Stage::PowerOn, p));
+    }
+    found.extend(dhcp_at.map(|d| (Stage::Dhcp, d)));
+    found.extend(tftp.map(|t| (Stage::Tftp, t)));
+    found.push((Stage::Ipxe, a));
+    found.extend(first_after(a + 1, &|e| e.kind == K::HttpArtifact).map(|i| (Stage::Osie, i)));
+    let wf = first_after(a + 1, &|e| e.kind == K::WorkflowActionStarted);
+    found.extend(wf.map(|i| (Stage::Workflow, i)));
+    let done = wf.and_then(|w| {
+        first_after(w, &|e| {
+            e.kind == K::WorkflowState
+                && matches!(e.to.as_deref(), Some("SUCCESS" | "FAILED" | "TIMEOUT"))
+        })
+    });
+    found.extend(done.map(|i| (Stage::Finished, i)));
+    if let Some(d) = done {
+        found.extend(
+            first_after(d + 1, &|e| matches!(e.kind, K::MetadataRead | K::Syslog))
+                .map(|i| (Stage::FromDisk, i)),
+        );
+    }
+    let mut out: Vec<StageTime> = vec![];
+    for (stage, i) in found {
+        let at_ms = events[i].ms;
+        if out.last().is_some_and(|l| l.at_ms > at_ms) {
+            continue;
+        }
+        if let Some(l) = out.last_mut() {
+            l.took_ms = Some(at_ms - l.at_ms);
+        }
+        out.push(StageTime {
+            stage,
+            at_ms,
+            took_ms: None,
+        });
+    }
+    out
+}
+
 /// What a list is narrowed to.
 #[derive(Debug, Default)]
 pub struct Filter {
@@ -531,6 +651,60 @@ mod tests {
         for l in Lifecycle::ALL {
             assert_eq!(Lifecycle::parse(l.as_str()), Some(l));
         }
+    }
+
+    #[test]
+    fn a_boot_s_stages_come_from_its_events() {
+        let ev = |kind: Kind, s: i64| BootEvent {
+            kind,
+            ms: s * 1000,
+            to: None,
+        };
+        let state = |to: &str, s: i64| BootEvent {
+            kind: Kind::WorkflowState,
+            ms: s * 1000,
+            to: Some(to.into()),
+        };
+        use Kind as K;
+        let events = vec![
+            // An earlier boot, then the newest.
+            ev(K::DhcpOffer, 1),
+            ev(K::IpxeScript, 2),
+            ev(K::BmcNetboot, 100),
+            ev(K::DhcpOffer, 103),
+            ev(K::DhcpAck, 104),
+            ev(K::TftpSent, 105),
+            ev(K::DhcpAck, 106),
+            ev(K::IpxeScript, 107),
+            ev(K::HttpArtifact, 108),
+            ev(K::Syslog, 115),
+            ev(K::WorkflowActionStarted, 120),
+            state("RUNNING", 120),
+            ev(K::WorkflowActionSucceeded, 150),
+            state("SUCCESS", 151),
+            ev(K::DhcpAck, 170),
+            ev(K::MetadataRead, 175),
+        ];
+        let got: Vec<(Stage, i64, Option<i64>)> = stages(&events)
+            .iter()
+            .map(|s| (s.stage, s.at_ms / 1000, s.took_ms.map(|t| t / 1000)))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Stage::PowerOn, 100, Some(3)),
+                (Stage::Dhcp, 103, Some(2)),
+                (Stage::Tftp, 105, Some(2)),
+                (Stage::Ipxe, 107, Some(1)),
+                (Stage::Osie, 108, Some(12)),
+                (Stage::Workflow, 120, Some(31)),
+                (Stage::Finished, 151, Some(24)),
+                (Stage::FromDisk, 175, None),
+            ]
+        );
+        // Under way: what has happened so far; no boot: nothing.
+        assert_eq!(stages(&events[..9]).len(), 5);
+        assert!(stages(&events[..1]).is_empty());
     }
 
     #[test]
