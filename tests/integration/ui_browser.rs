@@ -254,6 +254,11 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         // (device_1 its MAC), as a check before running it.
         c.goto(&d.api_url("/ui/workflows")).await.unwrap();
         until(&c, 10, "document.querySelector('table.objects').innerText.includes('web-01-install')").await;
+        // Searched (any cell, any case): one row, then none.
+        c.goto(&d.api_url("/ui/workflows?q=WEB-01")).await.unwrap();
+        until(&c, 10, "document.querySelectorAll('table.objects tbody tr').length === 1").await;
+        c.goto(&d.api_url("/ui/workflows?q=no-such")).await.unwrap();
+        until(&c, 10, "document.querySelector('table.objects') === null && document.querySelector('h1').innerText.includes('0 of 1')").await;
         c.goto(&d.api_url("/ui/templates/default/install?for=web-01")).await.unwrap();
         until(&c, 10, &format!("document.querySelector('pre.rendered').innerText.includes('worker: \"{MAC}\"')")).await;
         shot(&c, "template.png").await;

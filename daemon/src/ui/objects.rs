@@ -119,6 +119,34 @@ struct ListPage {
     title: &'static str,
     columns: &'static [&'static str],
     rows: Vec<(String, Vec<Cell>)>,
+    total: usize,
+    matched: usize,
+    text: String,
+    page: usize,
+    pages: usize,
+    prev: Option<String>,
+    next: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+pub(super) struct ListQuery {
+    #[serde(default)]
+    q: String,
+    page: Option<usize>,
+}
+
+/// The rows whose namespace or any cell has `text` (case-insensitive).
+fn matching(rows: Vec<(String, Vec<Cell>)>, text: &str) -> Vec<(String, Vec<Cell>)> {
+    let t = text.trim().to_lowercase();
+    if t.is_empty() {
+        return rows;
+    }
+    rows.into_iter()
+        .filter(|(ns, cells)| {
+            ns.to_lowercase().contains(&t)
+                || cells.iter().any(|c| c.text.to_lowercase().contains(&t))
+        })
+        .collect()
 }
 
 /// `/ui/{kind}`: every object of the kind, by namespace and name.
@@ -126,6 +154,7 @@ pub(super) async fn list(
     State(ui): State<Shared>,
     axum::Extension(cur): axum::Extension<Current>,
     Path(kind): Path<String>,
+    Query(q): Query<ListQuery>,
 ) -> Response {
     let Some(kind) = Kind::parse(&kind) else {
         return StatusCode::NOT_FOUND.into_response();
@@ -199,7 +228,6 @@ pub(super) async fn list(
                 let mut jobs = store.jobs(None).await?;
                 jobs.reverse();
                 jobs.iter()
-                    .take(500)
                     .map(|j| {
                         let k = Key::new(j.namespace.clone(), j.name.clone());
                         (
@@ -254,15 +282,37 @@ pub(super) async fn list(
         })
     }
     .await;
-    match rows {
-        Ok(rows) => html(&ListPage {
-            csrf: cur.session.csrf.clone(),
-            title: kind.title(),
-            columns: kind.columns(),
-            rows,
-        }),
-        Err(e) => failed(e),
-    }
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(e) => return failed(e),
+    };
+    let total = rows.len();
+    let mut rows = matching(rows, &q.q);
+    let matched = rows.len();
+    let (range, pages) = super::view::page_range(matched, super::PER_PAGE, q.page.unwrap_or(1));
+    let page = range.start / super::PER_PAGE + 1;
+    rows.truncate(range.end);
+    let rows = rows.split_off(range.start);
+    let link = |p: usize| {
+        let q = url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("q", &q.q)
+            .append_pair("page", &p.to_string())
+            .finish();
+        format!("/ui/{}?{q}", kind.path())
+    };
+    html(&ListPage {
+        prev: (page > 1).then(|| link(page - 1)),
+        next: (page < pages).then(|| link(page + 1)),
+        csrf: cur.session.csrf.clone(),
+        title: kind.title(),
+        columns: kind.columns(),
+        rows,
+        total,
+        matched,
+        text: q.q,
+        page,
+        pages,
+    })
 }
 
 #[derive(Template)]
@@ -628,6 +678,29 @@ mod tests {
             assert!(!k.title().is_empty() && !k.columns().is_empty());
         }
         assert_eq!(Kind::parse("machines"), None);
+    }
+
+    #[test]
+    fn a_list_is_searched_in_its_namespace_and_cells() {
+        let rows = || {
+            vec![
+                (
+                    "lab".to_string(),
+                    vec![cell("web-01-install"), badge("SUCCESS")],
+                ),
+                (
+                    "prod".to_string(),
+                    vec![cell("db-01-install"), badge("RUNNING")],
+                ),
+            ]
+        };
+        let names = |r: Vec<(String, Vec<Cell>)>| -> Vec<String> {
+            r.into_iter().map(|(_, c)| c[0].text.clone()).collect()
+        };
+        assert_eq!(names(matching(rows(), "")).len(), 2);
+        assert_eq!(names(matching(rows(), " Running ")), vec!["db-01-install"]);
+        assert_eq!(names(matching(rows(), "lab")), vec!["web-01-install"]);
+        assert!(matching(rows(), "nope").is_empty());
     }
 
     #[test]
