@@ -137,13 +137,8 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
     d.cli_ok(&["bmc", "apply", "-f", f.to_str().unwrap()]);
     let f = write_file(&d.dir, "docs.yaml", &docs);
     d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
-    let driver = Driver::start(&d.dir);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let c = browser(driver.port).await;
+    let (d, sim) = (&d, &sim);
+    with_browser(d, |c| async move {
         // The login page; then in with the token.
         c.goto(&d.api_url("/ui/")).await.unwrap();
         until(&c, 10, "location.pathname === '/ui/login'").await;
@@ -156,15 +151,29 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
             .unwrap();
         click(&c, Locator::Css("button[type=submit]")).await;
         until(&c, 10, "location.pathname === '/ui/'").await;
-        until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 3").await;
+        until(
+            &c,
+            10,
+            "document.querySelectorAll('#machines tbody tr').length === 3",
+        )
+        .await;
         // The session cookie is not for scripts.
         assert_eq!(js(&c, "document.cookie").await, json!(""));
         shot(&c, "machines.png").await;
 
         // The dashboard: counts, health, and every machine's events, live.
         c.goto(&d.api_url("/ui/dashboard")).await.unwrap();
-        until(&c, 10, "document.getElementById('live').classList.contains('on')").await;
-        let f = write_file(&d.dir, "new.yaml", &hw_doc("new-01", "52:54:00:ee:00:99", "10.2.0.99"));
+        until(
+            &c,
+            10,
+            "document.getElementById('live').classList.contains('on')",
+        )
+        .await;
+        let f = write_file(
+            &d.dir,
+            "new.yaml",
+            &hw_doc("new-01", "52:54:00:ee:00:99", "10.2.0.99"),
+        );
         d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
         until(
             &c,
@@ -172,25 +181,53 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
             "document.querySelector('#timeline li').innerText.includes('default/new-01: Hardware default/new-01 created')",
         )
         .await;
-        assert_eq!(js(&c, "document.querySelector('.health li').innerText").await, json!("ok"));
+        assert_eq!(
+            js(&c, "document.querySelector('.health li').innerText").await,
+            json!("ok")
+        );
         shot(&c, "dashboard.png").await;
         c.goto(&d.api_url("/ui/")).await.unwrap();
 
         // Find it: a search by part of its MAC.
         // Found from the keyboard: "/" goes to the search box.
-        c.find(Locator::Css("body")).await.unwrap().send_keys("/").await.unwrap();
+        c.find(Locator::Css("body"))
+            .await
+            .unwrap()
+            .send_keys("/")
+            .await
+            .unwrap();
         assert_eq!(js(&c, "document.activeElement.name").await, json!("q"));
-        c.active_element().await.unwrap().send_keys("ee:00:01\n").await.unwrap();
-        until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 1").await;
+        c.active_element()
+            .await
+            .unwrap()
+            .send_keys("ee:00:01\n")
+            .await
+            .unwrap();
+        until(
+            &c,
+            10,
+            "document.querySelectorAll('#machines tbody tr').length === 1",
+        )
+        .await;
         click(&c, Locator::LinkText("web-01")).await;
-        until(&c, 10, "location.pathname === '/ui/machines/default/web-01'").await;
-        until(&c, 10, "document.getElementById('live').classList.contains('on')").await;
+        until(
+            &c,
+            10,
+            "location.pathname === '/ui/machines/default/web-01'",
+        )
+        .await;
+        until(
+            &c,
+            10,
+            "document.getElementById('live').classList.contains('on')",
+        )
+        .await;
         // A mark a reload would lose.
         js(&c, "(window.stillHere = true)").await;
 
         // The agent takes the first two actions and hangs in the third:
         // the page shows it, live.
-        let out = peer(&d, &["agent", MAC, "--hang", "reboot", "--polls", "400"]);
+        let out = peer(d, &["agent", MAC, "--hang", "reboot", "--polls", "400"]);
         assert!(out.iter().any(|e| e["event"] == "hung"), "{out:#?}");
         until(
             &c,
@@ -201,19 +238,31 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
              document.querySelector('#panels tr.run').innerText.includes('reboot')",
         )
         .await;
-        until(&c, 10, "document.querySelector('#panels progress').value === 66").await;
+        until(
+            &c,
+            10,
+            "document.querySelector('#panels progress').value === 66",
+        )
+        .await;
         until(
             &c,
             10,
             "[...document.querySelectorAll('#timeline .kind')].some(k => k.innerText === 'workflow.action_succeeded')",
         )
         .await;
-        assert_eq!(js(&c, "window.stillHere === true").await, json!(true), "the page reloaded");
+        assert_eq!(
+            js(&c, "window.stillHere === true").await,
+            json!(true),
+            "the page reloaded"
+        );
         shot(&c, "machine.png").await;
 
         // Power on, then off, with the buttons: each asks first, then its
         // BMC job runs against ipmi_sim and the page follows it.
-        for (button, power, done) in [("power-on", "1", "power on"), ("power-off", "0", "power off")] {
+        for (button, power, done) in [
+            ("power-on", "1", "power on"),
+            ("power-off", "0", "power off"),
+        ] {
             click(&c, Locator::Css(&format!("button[value={button}]"))).await;
             let asked = c.get_alert_text().await.unwrap();
             assert!(asked.contains("web-01"), "{asked}");
@@ -253,30 +302,108 @@ fn in_chromium_log_in_find_a_machine_and_watch_its_workflow_live() {
         // The Workflows list, and its Template rendered for the machine
         // (device_1 its MAC), as a check before running it.
         c.goto(&d.api_url("/ui/workflows")).await.unwrap();
-        until(&c, 10, "document.querySelector('table.objects').innerText.includes('web-01-install')").await;
+        until(
+            &c,
+            10,
+            "document.querySelector('table.objects').innerText.includes('web-01-install')",
+        )
+        .await;
         // Searched (any cell, any case): one row, then none.
         c.goto(&d.api_url("/ui/workflows?q=WEB-01")).await.unwrap();
-        until(&c, 10, "document.querySelectorAll('table.objects tbody tr').length === 1").await;
+        until(
+            &c,
+            10,
+            "document.querySelectorAll('table.objects tbody tr').length === 1",
+        )
+        .await;
         c.goto(&d.api_url("/ui/workflows?q=no-such")).await.unwrap();
         until(&c, 10, "document.querySelector('table.objects') === null && document.querySelector('h1').innerText.includes('0 of 1')").await;
-        c.goto(&d.api_url("/ui/templates/default/install?for=web-01")).await.unwrap();
-        until(&c, 10, &format!("document.querySelector('pre.rendered').innerText.includes('worker: \"{MAC}\"')")).await;
+        c.goto(&d.api_url("/ui/templates/default/install?for=web-01"))
+            .await
+            .unwrap();
+        until(
+            &c,
+            10,
+            &format!(
+                "document.querySelector('pre.rendered').innerText.includes('worker: \"{MAC}\"')"
+            ),
+        )
+        .await;
         shot(&c, "template.png").await;
         // Run it on web-02 (a new Workflow, confirmed): its page follows it.
-        c.goto(&d.api_url("/ui/templates/default/install?for=web-02")).await.unwrap();
+        c.goto(&d.api_url("/ui/templates/default/install?for=web-02"))
+            .await
+            .unwrap();
         click(&c, Locator::Css("form[action$='/run'] button")).await;
         c.accept_alert().await.unwrap();
-        until(&c, 10, "location.pathname === '/ui/machines/default/web-02'").await;
-        until(&c, 10, "document.querySelector('#panels').innerText.includes('install-web-02-')").await;
+        until(
+            &c,
+            10,
+            "location.pathname === '/ui/machines/default/web-02'",
+        )
+        .await;
+        until(
+            &c,
+            10,
+            "document.querySelector('#panels').innerText.includes('install-web-02-')",
+        )
+        .await;
 
         // Back on the list, the row shows the Workflow under way.
         // (web-02's new one too).
         c.goto(&d.api_url("/ui/?state=installing")).await.unwrap();
-        until(&c, 10, "document.querySelectorAll('#machines tbody tr').length === 2").await;
+        until(
+            &c,
+            10,
+            "document.querySelectorAll('#machines tbody tr').length === 2",
+        )
+        .await;
         until(&c, 10, "[...document.querySelectorAll('#machines tbody tr')].some(r => r.innerText.includes('web-01-install (2/3)'))").await;
+    });
+}
+
+/// Run `f` with a Chromium session, closed after; chromedriver stopped.
+fn with_browser<F, Fut>(d: &Daemon, f: F)
+where
+    F: FnOnce(Client) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let driver = Driver::start(&d.dir);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = browser(driver.port).await;
+        f(c.clone()).await;
         c.close().await.unwrap();
     });
     drop(driver);
+}
+
+/// Wait (bounded) until the badge at `sel` says `state`.
+async fn badge(c: &Client, secs: u64, sel: &str, state: &str) {
+    until(
+        c,
+        secs,
+        &format!("document.querySelector('{sel}').textContent === '{state}'"),
+    )
+    .await;
+}
+
+/// The page was not reloaded since `window.stillHere` was set.
+async fn still_here(c: &Client) {
+    assert_eq!(
+        js(c, "window.stillHere === true").await,
+        json!(true),
+        "the page reloaded"
+    );
+}
+
+/// The agent takes the machine's Workflow to its end.
+fn agent_runs(d: &Daemon, mac: &str) {
+    let out = peer(d, &["agent", mac, "--polls", "800"]);
+    assert!(out.iter().any(|e| e["event"] == "done"), "{out:#?}");
 }
 
 /// Log in with the token (the login page's form).
@@ -304,14 +431,9 @@ fn in_chromium_a_bare_metal_host_is_claimed_and_released_with_its_buttons() {
     );
     d.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
     crate::metal3::wait_named(&d, "node-b", "available");
-    let driver = Driver::start(&d.dir);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let c = browser(driver.port).await;
-        log_in(&c, &d).await;
+    let d = &d;
+    with_browser(d, |c| async move {
+        log_in(&c, d).await;
         // The list, then the host's page: available, its inspection shown.
         c.goto(&d.api_url("/ui/baremetalhosts")).await.unwrap();
         click(&c, Locator::LinkText("node-b")).await;
@@ -327,12 +449,7 @@ fn in_chromium_a_bare_metal_host_is_claimed_and_released_with_its_buttons() {
             "document.getElementById('live').classList.contains('on')",
         )
         .await;
-        until(
-            &c,
-            10,
-            "document.querySelector('#panels .badge').textContent === 'available'",
-        )
-        .await;
+        badge(&c, 10, "#panels .badge", "available").await;
         assert!(
             js(&c, "document.getElementById('panels').innerText")
                 .await
@@ -360,12 +477,7 @@ fn in_chromium_a_bare_metal_host_is_claimed_and_released_with_its_buttons() {
         let asked = c.get_alert_text().await.unwrap();
         assert!(asked.contains("node-b"), "{asked}");
         c.accept_alert().await.unwrap();
-        until(
-            &c,
-            15,
-            "document.querySelector('#panels .badge').textContent === 'provisioning'",
-        )
-        .await;
+        badge(&c, 15, "#panels .badge", "provisioning").await;
         assert!(
             js(&c, "document.getElementById('panels').innerText")
                 .await
@@ -375,56 +487,26 @@ fn in_chromium_a_bare_metal_host_is_claimed_and_released_with_its_buttons() {
         );
         // The page's own reload after the POST; from here it is live.
         js(&c, "(window.stillHere = true)").await;
-        let out = peer(&d, &["agent", MAC_B, "--polls", "800"]);
-        assert!(out.iter().any(|e| e["event"] == "done"), "{out:#?}");
-        until(
-            &c,
-            20,
-            "document.querySelector('#panels .badge').textContent === 'provisioned'",
-        )
-        .await;
-        assert_eq!(
-            js(&c, "window.stillHere === true").await,
-            json!(true),
-            "the page reloaded"
-        );
+        agent_runs(d, MAC_B);
+        badge(&c, 20, "#panels .badge", "provisioned").await;
+        still_here(&c).await;
         shot(&c, "baremetalhost.png").await;
 
         // Its Hardware's page shows the host too, with the same button.
         c.goto(&d.api_url("/ui/machines/default/node-b"))
             .await
             .unwrap();
-        until(
-            &c,
-            10,
-            "document.querySelector('#panels .host .badge').textContent === 'provisioned'",
-        )
-        .await;
+        badge(&c, 10, "#panels .host .badge", "provisioned").await;
 
         // Released (asked first): cleaned, then the last step clears the
         // consumer, and the claim form is back.
         click(&c, Locator::Css("form[action$='/release'] button")).await;
         c.accept_alert().await.unwrap();
-        until(
-            &c,
-            15,
-            "document.querySelector('#panels .host .badge').textContent === 'deprovisioning'",
-        )
-        .await;
+        badge(&c, 15, "#panels .host .badge", "deprovisioning").await;
         js(&c, "(window.stillHere = true)").await;
-        let out = peer(&d, &["agent", MAC_B, "--polls", "800"]);
-        assert!(out.iter().any(|e| e["event"] == "done"), "{out:#?}");
-        until(
-            &c,
-            20,
-            "document.querySelector('#panels .host .badge').textContent === 'available'",
-        )
-        .await;
-        assert_eq!(
-            js(&c, "window.stillHere === true").await,
-            json!(true),
-            "the page reloaded"
-        );
+        agent_runs(d, MAC_B);
+        badge(&c, 20, "#panels .host .badge", "available").await;
+        still_here(&c).await;
         click(&c, Locator::Css("form[action$='/release'] button")).await;
         let asked = c.get_alert_text().await.unwrap();
         assert!(asked.contains("consumer"), "{asked}");
@@ -465,7 +547,5 @@ fn in_chromium_a_bare_metal_host_is_claimed_and_released_with_its_buttons() {
             h["spec"].get("consumerRef").is_none() && h["spec"].get("image").is_none(),
             "{h:#}"
         );
-        c.close().await.unwrap();
     });
-    drop(driver);
 }

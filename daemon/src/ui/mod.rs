@@ -864,15 +864,7 @@ async fn machine(
         Ok(None) => return (StatusCode::NOT_FOUND, format!("no Hardware {key}")).into_response(),
         Err(e) => return failed(e),
     };
-    let events = app
-        .event_log
-        .query(&EventQuery {
-            machine: Some(key.clone()),
-            after: None,
-            limit: TIMELINE,
-        })
-        .await
-        .unwrap_or_default();
+    let events = timeline(app, &key).await;
     r.last_heard_ms = events.last().and_then(event_ms);
     let workflow = match current_workflow(app, &key).await {
         Ok(w) => w.as_ref().map(workflow_view),
@@ -948,6 +940,19 @@ async fn machine(
     html(&page)
 }
 
+/// A machine's newest [`TIMELINE`] events, oldest first (none when the
+/// log cannot be read: the page still shows the rest).
+async fn timeline(app: &App, key: &Key) -> Vec<EventRow> {
+    app.event_log
+        .query(&EventQuery {
+            machine: Some(key.clone()),
+            after: None,
+            limit: TIMELINE,
+        })
+        .await
+        .unwrap_or_default()
+}
+
 async fn current_workflow(
     app: &App,
     key: &Key,
@@ -978,15 +983,7 @@ async fn machine_panels(
         (Ok(w), Ok(j), Ok(h)) => (w, j, h),
         (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return failed(e),
     };
-    let events = app
-        .event_log
-        .query(&EventQuery {
-            machine: Some(key.clone()),
-            after: None,
-            limit: TIMELINE,
-        })
-        .await
-        .unwrap_or_default();
+    let events = timeline(app, &key).await;
     html(&PanelsFragment {
         csrf: cur.session.csrf.clone(),
         host: host.as_ref().map(objects::HostView::of),

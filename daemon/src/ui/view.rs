@@ -205,6 +205,15 @@ pub fn row(
     }
 }
 
+/// The first 16 members of the array at `p` in `v` (none if it is not one).
+fn list<'a>(v: &'a Value, p: &str) -> impl Iterator<Item = &'a Value> {
+    v.pointer(p)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .take(16)
+}
+
 /// What the agent reported of a machine (upstream's attributes
 /// annotation) and what its BMC's inventory says (Rufio's `outOfBand`),
 /// as name/value lines.
@@ -244,13 +253,7 @@ pub fn facts(doc: &Value) -> Vec<(String, String)> {
                 .unwrap_or_default(),
         );
         push("memory".into(), text(a, "/memory/total"));
-        for d in a
-            .pointer("/blockDevices")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .take(16)
-        {
+        for d in list(a, "/blockDevices") {
             push(
                 format!("disk {}", text(d, "/name")),
                 format!("{} {}", text(d, "/size"), text(d, "/model"))
@@ -258,13 +261,7 @@ pub fn facts(doc: &Value) -> Vec<(String, String)> {
                     .to_string(),
             );
         }
-        for n in a
-            .pointer("/networkInterfaces")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .take(16)
-        {
+        for n in list(a, "/networkInterfaces") {
             push(
                 format!("nic {}", text(n, "/name")),
                 format!("{} {}", text(n, "/mac"), text(n, "/speed"))
@@ -346,13 +343,7 @@ pub fn host_facts(hw: &Value) -> Vec<(String, String)> {
     if let Some(m) = hw.pointer("/ramMebibytes").and_then(Value::as_u64) {
         push("memory".into(), format!("{:.1} GiB", m as f64 / 1024.0));
     }
-    for d in hw
-        .pointer("/storage")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .take(16)
-    {
+    for d in list(hw, "/storage") {
         let size = d
             .pointer("/sizeBytes")
             .and_then(Value::as_u64)
@@ -363,13 +354,7 @@ pub fn host_facts(hw: &Value) -> Vec<(String, String)> {
             format!("{size} {}", text(d, "/model")),
         );
     }
-    for n in hw
-        .pointer("/nics")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .take(16)
-    {
+    for n in list(hw, "/nics") {
         push(
             format!("nic {}", text(n, "/name")),
             format!("{} {}", text(n, "/mac"), text(n, "/ip")),
