@@ -187,12 +187,20 @@ fn login_pages_filters_the_live_feed_and_logout() {
         "{body}"
     );
     assert_eq!(get(&d, jar, "/ui/machines/default/nope").0, "404");
+    // The page's stream resumes after its newest event, as the page's
+    // script asks: a stream that connects late still gets what came after.
+    let after: i64 = body
+        .split("&amp;after=")
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no after= in the page: {body}"));
 
     // The live feed: an event stored while the page listens reaches it.
     let sse = d
         .command("curl")
         .args(["-s", "-N", "--max-time", "6", "-b", jar])
-        .arg(d.api_url("/ui/stream?machine=default/web-01"))
+        .arg(d.api_url(&format!("/ui/stream?machine=default/web-01&after={after}")))
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -200,7 +208,9 @@ fn login_pages_filters_the_live_feed_and_logout() {
     let listed = d
         .command("curl")
         .args(["-s", "-N", "--max-time", "6", "-b", jar])
-        .arg(d.api_url("/ui/stream?machines=default/db-01,default/gone"))
+        .arg(d.api_url(&format!(
+            "/ui/stream?machines=default/db-01,default/gone&after={after}"
+        )))
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

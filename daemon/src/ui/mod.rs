@@ -613,16 +613,12 @@ async fn machines(
         r.last_heard_ms = last_heard(&ui.app, &r.key).await;
         shown.push(row_view(&r, now));
     }
-    let link = |p: usize| {
-        let mut s = url::form_urlencoded::Serializer::new(String::new());
-        for (k, v) in [("q", &q.q), ("state", &q.state), ("l", &q.l)] {
-            if !v.is_empty() {
-                s.append_pair(k, v);
-            }
-        }
-        s.append_pair("page", &p.to_string());
-        format!("/ui/?{}", s.finish())
-    };
+    let (prev, next) = pager(
+        "/ui/",
+        &[("q", &q.q), ("state", &q.state), ("l", &q.l)],
+        page,
+        pages,
+    );
     html(&MachinesPage {
         csrf: cur.session.csrf.clone(),
         rows: shown,
@@ -635,9 +631,31 @@ async fn machines(
         error,
         page,
         pages,
-        prev: (page > 1).then(|| link(page - 1)),
-        next: (page < pages).then(|| link(page + 1)),
+        prev,
+        next,
     })
+}
+
+/// The links to the pages before and after `page` of a list at `path`,
+/// with its filters (`pairs`, the empty ones left out).
+fn pager(
+    path: &str,
+    pairs: &[(&str, &str)],
+    page: usize,
+    pages: usize,
+) -> (Option<String>, Option<String>) {
+    let link = |p: usize| {
+        let mut s = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in pairs.iter().filter(|(_, v)| !v.is_empty()) {
+            s.append_pair(k, v);
+        }
+        s.append_pair("page", &p.to_string());
+        format!("{path}?{}", s.finish())
+    };
+    (
+        (page > 1).then(|| link(page - 1)),
+        (page < pages).then(|| link(page + 1)),
+    )
 }
 
 /// One machine's row, for the list's live updates.
@@ -1145,13 +1163,17 @@ impl Follow {
     }
 
     /// What of `rows` (ids above `after` only) this stream sends: the
-    /// newest [`WINDOW_ROWS`] it follows, oldest first.
+    /// newest it follows (as many as a window's message has), oldest first.
     fn sent<'a>(&self, rows: &'a [EventRow], after: Option<i64>) -> Vec<&'a EventRow> {
+        let cap = match self {
+            Follow::All => crate::events::FEED_NEWEST,
+            _ => WINDOW_ROWS,
+        };
         let mut mine: Vec<&EventRow> = rows
             .iter()
             .rev()
             .filter(|e| after.is_none_or(|a| e.id > a) && self.keeps(e))
-            .take(WINDOW_ROWS)
+            .take(cap)
             .collect();
         mine.reverse();
         mine
@@ -1340,12 +1362,15 @@ mod tests {
         assert!(all.message(&rows, Some(rows.len() as i64)).is_none());
         assert!(all.message(&[], None).is_none());
         let newest = ids(&all, None);
-        assert_eq!(newest.len(), WINDOW_ROWS);
+        let n = crate::events::FEED_NEWEST;
+        assert_eq!(newest.len(), n, "as many as the feed's own newest");
         assert_eq!(
-            (newest[0], newest[WINDOW_ROWS - 1]),
-            (31, 130),
+            (newest[0], newest[n - 1]),
+            (131 - n as i64, 130),
             "the newest, oldest first"
         );
+        let set = Follow::Some([Key::new("lab", "odd"), Key::new("lab", "even")].into());
+        assert_eq!(ids(&set, None).len(), WINDOW_ROWS);
         let odd = Follow::One(Key::new("lab", "odd"));
         assert_eq!(
             ids(&odd, Some(110)),

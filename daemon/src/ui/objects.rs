@@ -293,16 +293,10 @@ pub(super) async fn list(
     let page = range.start / super::PER_PAGE + 1;
     rows.truncate(range.end);
     let rows = rows.split_off(range.start);
-    let link = |p: usize| {
-        let q = url::form_urlencoded::Serializer::new(String::new())
-            .append_pair("q", &q.q)
-            .append_pair("page", &p.to_string())
-            .finish();
-        format!("/ui/{}?{q}", kind.path())
-    };
+    let (prev, next) = super::pager(&format!("/ui/{}", kind.path()), &[("q", &q.q)], page, pages);
     html(&ListPage {
-        prev: (page > 1).then(|| link(page - 1)),
-        next: (page < pages).then(|| link(page + 1)),
+        prev,
+        next,
         csrf: cur.session.csrf.clone(),
         title: kind.title(),
         columns: kind.columns(),
