@@ -60,6 +60,35 @@ def cpu_seconds(pid):
         return None
 
 
+def cpu_ns(pid):
+    """The server's CPU time in nanoseconds per thread (the scheduler's own
+    sum_exec_runtime, /proc/PID/task/*/schedstat): /proc/PID/stat counts
+    clock ticks (10 ms), too coarse for a few thousand DORAs."""
+    out = {}
+    if not pid:
+        return out
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for t in tids:
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                out[t] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def cpu_delta_s(before, after):
+    """CPU seconds between two cpu_ns readings: threads seen at both ends
+    and those born in between (a thread that ended in between loses its
+    share of the window: the daemon's threads live as long as it does)."""
+    if not after:
+        return None
+    return sum(v - before.get(t, 0) for t, v in after.items()) / 1e9
+
+
 def parse(out):
     """perfdhcp's report: per exchange type counters, and -x t timestamps."""
     res = {"rate": None, "expected": None, "do": {}, "ra": {}, "delays": []}
@@ -120,6 +149,7 @@ def step(a, rate):
     procs = []
     t0 = time.monotonic()
     c0 = cpu_seconds(a.pid)
+    n0 = cpu_ns(a.pid)
     for k, (local, macs) in enumerate(gens):
         if a.direct or a.light:
             where = ["--iface", a.direct] if a.direct else ["--relay", local, "--server", a.server]
@@ -149,6 +179,8 @@ def step(a, rate):
     gen_cpu = ru.children_user + ru.children_system
     wall = time.monotonic() - t0
     c1 = cpu_seconds(a.pid)
+    n1 = cpu_ns(a.pid)
+    precise = cpu_delta_s(n0, n1)
     parsed = [parse(o) for o in outs]
     disc = sum(p["do"].get("sent packets", 0) for p in parsed)
     acks = sum(p["ra"].get("received packets", 0) for p in parsed)
@@ -166,6 +198,10 @@ def step(a, rate):
         "lat_ms": None,
         "server_cpu_s": round(c1 - c0, 2) if c0 is not None and c1 is not None else None,
         "gen_cpu_s": round(gen_cpu - step.gen_cpu_before, 2), "wall_s": round(wall, 2),
+        # Over the generators' whole run (start, the rate, the drain), so
+        # per DORA it also carries the server's idle cost for that long.
+        "server_cpu_ns_s": round(precise, 4) if precise is not None else None,
+        "us_per_dora": round(precise * 1e6 / acks, 2) if precise is not None and acks else None,
     }
     step.gen_cpu_before = gen_cpu
     if delays:

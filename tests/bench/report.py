@@ -70,6 +70,8 @@ def check(rows):
         sec = r["section"]
         if sec == "dhcp" and not (r.get("best") or {}).get("dora_per_s"):
             bad.append(r)
+        elif sec == "dhcp-cpu" and not r.get("us_per_dora"):
+            bad.append(r)
         elif sec == "tftp" and (not r.get("ok") or r.get("failed")):
             bad.append(r)
         elif sec == "metadata" and (not r.get("rps") or r.get("errors")):
@@ -232,6 +234,33 @@ def main():
                 # queues; the goal is judged by the "with p99 < 1 ms" rows.
                 add(f"DHCP reply p99 ms at best rate, {big}", tl.get("p99"), anchor, al.get("p99"),
                     ratio(al.get("p99"), tl.get("p99")))
+    # CPU per DORA at fixed rates (dhcp-cpu): what the server spends when
+    # it is not saturated, from either generator. The goal: <= 20 us
+    # at 6,000/s from perfdhcp and >= 5x Kea's there, better than Kea at
+    # every rate.
+    def cpu_cell(r):
+        if not r:
+            return None
+        note = "" if r.get("loss", 1) < 0.01 else f" ({r['dora_per_s']:.0f}/s, {r['loss'] * 100:.0f}% loss)"
+        return f"{fmt(r.get('us_per_dora'))}{note}"
+    for t in rows:
+        if t["section"] != "dhcp-cpu" or t["server"] != "tinkerbox":
+            continue
+        how, rate = t["config"].rsplit("-", 1)
+        tu = t.get("us_per_dora")
+        for anchor in ("kea-default", "kea-tuned"):
+            a = find(rows, "dhcp-cpu", anchor, t["config"])
+            if not a:
+                continue
+            au = a.get("us_per_dora") if a.get("loss", 1) < 0.01 else None
+            x = ratio(au, tu)
+            if how == "perfdhcp" and rate == "6000":
+                goal, met = "<= 20 us, >= 5x", tu is not None and tu <= 20 and (x is None or x >= 5)
+            else:
+                goal, met = "below Kea", tu is not None and (au is None or tu < au)
+            out.append((f"DHCP server CPU us per DORA at a fixed {rate}/s from {how}, "
+                        f"{t['secs']} s", cpu_cell(t), anchor, cpu_cell(a) or "-",
+                        "-" if x is None else f"{x:.2f}x", goal, "yes" if met else "NO"))
     def lat3(r):
         l = (r or {}).get("lat_ms") or {}
         return f"{fmt(l.get('p50'))}/{fmt(l.get('p99'))}/{fmt(l.get('max'))}", l.get("p99")
