@@ -322,12 +322,13 @@ pub struct DhcpConfig {
 pub const DHCP_AUTO_THREADS_MAX: usize = 4;
 
 impl DhcpConfig {
-    /// How many threads answer port 67. More than one lets a request be
-    /// answered on another core while one thread waits for its CPU (taken
-    /// by TFTP, HTTP or anything else on the host): with the server sharing
-    /// 2 cores with the load generators at 16000-24000 DORA/s (100k
-    /// machines), the median reply p99 was 0.24-0.37 ms with one thread and
-    /// 0.13-0.27 ms with two, for 8-25% more CPU per DORA (BENCHMARKS.md).
+    /// How many threads answer port 67: one reads the socket, the others
+    /// help when it finds a backlog (`dhcp::server::Crew`). More than one
+    /// lets a burst be answered on another core while the reader waits for
+    /// its CPU (taken by TFTP, HTTP or anything else on the host): with the
+    /// server sharing 2 cores with the load generators at 16000-24000
+    /// DORA/s (100k machines), the median reply p99 was 0.24-0.37 ms with
+    /// one thread and 0.13-0.27 ms with two (BENCHMARKS.md).
     pub fn threads(&self) -> usize {
         self.threads.unwrap_or_else(|| {
             std::thread::available_parallelism()

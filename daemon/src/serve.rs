@@ -576,22 +576,34 @@ async fn start_dhcp(
             metrics: app.metrics.clone(),
             pool,
         });
-        // Several threads on one socket: the kernel hands each datagram to
-        // one waiting reader (an exclusive wake-up), so they share the work
-        // without a thundering herd.
-        for _ in 0..config.dhcp.threads() {
-            let sock = sock.try_clone()?;
-            dhcp_threads.push(
-                shell
-                    .clone()
-                    .spawn(sock, dhcp::Port::Dhcp, dhcp_stop.clone())?,
-            );
+        // One thread reads the socket; the others help only when it finds
+        // a backlog (dhcp::server::Crew).
+        let crew = Arc::new(dhcp::server::Crew::default());
+        for i in 0..config.dhcp.threads() {
+            let role = if i == 0 {
+                dhcp::server::Role::Reader
+            } else {
+                dhcp::server::Role::Helper
+            };
+            dhcp_threads.push(shell.clone().spawn(
+                sock.try_clone()?,
+                dhcp::Port::Dhcp,
+                role,
+                crew.clone(),
+                dhcp_stop.clone(),
+            )?);
         }
         if config.dhcp.mode.is_proxy() {
             let addr = std::net::SocketAddr::new(config.dhcp.listen.ip(), dhcp::PROXY_PORT);
             let sock = dhcp::server::bind(addr, iface)
                 .with_context(|| format!("dhcp proxy port {addr}: cannot bind"))?;
-            dhcp_threads.push(shell.spawn(sock, dhcp::Port::Proxy, dhcp_stop.clone())?);
+            dhcp_threads.push(shell.spawn(
+                sock,
+                dhcp::Port::Proxy,
+                dhcp::server::Role::Reader,
+                Arc::new(dhcp::server::Crew::default()),
+                dhcp_stop.clone(),
+            )?);
         }
         dhcp_threads.extend(pool_thread);
     }

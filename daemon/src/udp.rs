@@ -3,11 +3,15 @@
 //! reply leaves by it) and TFTP (the address the client asked, so the
 //! transfer answers from it). Neither std nor tokio exposes control
 //! messages; nix's safe wrappers do, and this is the one place that reads
-//! them.
+//! them. DHCP also reads and sends in batches ([`Batch`], [`Sender`]:
+//! `recvmmsg`/`sendmmsg`), one system call for all that is queued.
 
-use nix::sys::socket::{self, ControlMessageOwned, MsgFlags, SockaddrStorage};
-use std::io::{self, IoSliceMut};
-use std::net::{IpAddr, SocketAddr};
+use nix::sys::socket::{
+    self, ControlMessage, ControlMessageOwned, MsgFlags, MultiHeaders, RecvMsg, SockaddrIn,
+    SockaddrStorage,
+};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::os::fd::RawFd;
 
 /// One received datagram: its length in the buffer, its source, and what
@@ -30,6 +34,11 @@ pub fn recv_pktinfo(fd: RawFd, buf: &mut [u8]) -> io::Result<Received> {
     // Room for either kind; a socket gets one or the other.
     let mut cmsg = nix::cmsg_space!(nix::libc::in6_pktinfo);
     let msg = socket::recvmsg::<SockaddrStorage>(fd, &mut iov, Some(&mut cmsg), MsgFlags::empty())?;
+    received(&msg)
+}
+
+/// What one received message's header says.
+fn received(msg: &RecvMsg<'_, '_, SockaddrStorage>) -> io::Result<Received> {
     let (mut ifindex, mut dst) = (None, None);
     for c in msg.cmsgs()? {
         match c {
@@ -63,6 +72,147 @@ pub fn recv_pktinfo(fd: RawFd, buf: &mut [u8]) -> io::Result<Received> {
     })
 }
 
+/// Buffers for up to `n` datagrams, read in one `recvmmsg`.
+pub struct Batch {
+    headers: MultiHeaders<SockaddrStorage>,
+    bufs: Vec<Vec<u8>>,
+    got: Vec<Received>,
+}
+
+impl Batch {
+    /// `n` datagrams of at most `size` bytes each (longer ones are cut).
+    pub fn new(n: usize, size: usize) -> Batch {
+        Batch {
+            headers: MultiHeaders::preallocate(n, Some(nix::cmsg_space!(nix::libc::in6_pktinfo))),
+            bufs: vec![vec![0; size]; n],
+            got: Vec::with_capacity(n),
+        }
+    }
+
+    /// How many datagrams a read takes at most.
+    pub fn capacity(&self) -> usize {
+        self.bufs.len()
+    }
+
+    /// Reads what is queued, up to [`Self::capacity`] datagrams. `wait`:
+    /// first block for one, as long as the socket's receive timeout lets
+    /// it (`MSG_WAITFORONE`: then only what is already there); otherwise
+    /// an empty queue gives `WouldBlock`. A datagram without a source
+    /// address (never from UDP) is left out.
+    pub fn read(&mut self, fd: RawFd, wait: bool) -> io::Result<usize> {
+        let flags = if wait {
+            MsgFlags::MSG_WAITFORONE
+        } else {
+            MsgFlags::MSG_DONTWAIT
+        };
+        let Batch { headers, bufs, got } = self;
+        got.clear();
+        let mut iovs: Vec<[IoSliceMut<'_>; 1]> = bufs
+            .iter_mut()
+            .map(|b| [IoSliceMut::new(b.as_mut_slice())])
+            .collect();
+        let msgs = socket::recvmmsg(fd, headers, iovs.iter_mut(), flags, None)?;
+        for m in msgs {
+            // Every slot is one datagram (a failed one is not returned),
+            // so the index stays the buffer's.
+            got.push(received(&m).unwrap_or(Received {
+                len: 0,
+                src: SocketAddr::from(([0, 0, 0, 0], 0)),
+                ifindex: None,
+                dst: None,
+            }));
+        }
+        if !got.is_empty() {
+            // The kernel shortens each header's address and control
+            // lengths to what it wrote, and nix does not reset them: fresh
+            // headers, so no later datagram loses its packet info.
+            *headers = MultiHeaders::preallocate(
+                bufs.len(),
+                Some(nix::cmsg_space!(nix::libc::in6_pktinfo)),
+            );
+        }
+        Ok(got.len())
+    }
+
+    /// The `i`th datagram of the last read (`i` below what it returned).
+    pub fn get(&self, i: usize) -> Option<(&[u8], Received)> {
+        let r = *self.got.get(i)?;
+        if r.len == 0 {
+            return None;
+        }
+        Some((self.bufs.get(i)?.get(..r.len)?, r))
+    }
+}
+
+/// Sends datagrams in batches (`sendmmsg`), all of one call with the same
+/// interface (`IP_PKTINFO`, for broadcasts) or none.
+pub struct Sender {
+    plain: MultiHeaders<SockaddrIn>,
+    with_info: MultiHeaders<SockaddrIn>,
+    n: usize,
+}
+
+impl Sender {
+    /// Up to `n` datagrams a call.
+    pub fn new(n: usize) -> Sender {
+        Sender {
+            // Two sets of headers: one whose control space is unused would
+            // be sent as an empty control message, which the kernel refuses.
+            plain: MultiHeaders::preallocate(n, None),
+            with_info: MultiHeaders::preallocate(n, Some(nix::cmsg_space!(nix::libc::in_pktinfo))),
+            n,
+        }
+    }
+
+    /// Sends `msgs` in order, leaving by interface `ifindex` when given.
+    /// Returns how many were sent; fewer than all when the kernel refused
+    /// the next one (that one's error with it), so the caller can count it
+    /// and go on after it.
+    pub fn send(
+        &mut self,
+        fd: RawFd,
+        msgs: &[(&[u8], SocketAddrV4)],
+        ifindex: Option<u32>,
+    ) -> (usize, Option<io::Error>) {
+        let info = ifindex
+            .and_then(|i| i32::try_from(i).ok())
+            .map(|i| nix::libc::in_pktinfo {
+                ipi_ifindex: i,
+                ipi_spec_dst: nix::libc::in_addr { s_addr: 0 },
+                ipi_addr: nix::libc::in_addr { s_addr: 0 },
+            });
+        let cmsgs: Vec<ControlMessage<'_>> =
+            info.iter().map(ControlMessage::Ipv4PacketInfo).collect();
+        let headers = if cmsgs.is_empty() {
+            &mut self.plain
+        } else {
+            &mut self.with_info
+        };
+        let mut done = 0;
+        while done < msgs.len() {
+            let chunk = &msgs[done..msgs.len().min(done + self.n)];
+            let iovs: Vec<[IoSlice<'_>; 1]> =
+                chunk.iter().map(|(b, _)| [IoSlice::new(b)]).collect();
+            let addrs: Vec<Option<SockaddrIn>> = chunk
+                .iter()
+                .map(|(_, to)| Some(SockaddrIn::from(*to)))
+                .collect();
+            match socket::sendmmsg(fd, headers, &iovs, &addrs, &cmsgs, MsgFlags::empty()) {
+                Ok(r) => {
+                    let sent = r.count();
+                    if sent == 0 {
+                        return (done, Some(io::Error::other("sendmmsg sent nothing")));
+                    }
+                    done += sent;
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return (done, Some(e.into())),
+            }
+        }
+        (done, None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,6 +244,55 @@ mod tests {
             let lo = nix::net::if_::if_nametoindex("lo").unwrap();
             assert_eq!(r.ifindex, Some(lo));
         }
+    }
+
+    /// Batches over loopback: several datagrams in one read, each with its
+    /// source and packet info, in a second read too (nix leaves the
+    /// headers' lengths as the kernel shortened them); an empty queue is
+    /// `WouldBlock` without waiting; sends with and without an interface.
+    #[test]
+    fn batches_read_and_send_with_packet_info() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        setsockopt(&rx, sockopt::Ipv4PacketInfo, &true).unwrap();
+        let to = match rx.local_addr().unwrap() {
+            SocketAddr::V4(a) => a,
+            SocketAddr::V6(_) => unreachable!(),
+        };
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let lo = nix::net::if_::if_nametoindex("lo").unwrap();
+        let mut batch = Batch::new(4, 16);
+        let mut sender = Sender::new(2);
+        for (round, via) in [(0u8, None), (1, Some(lo)), (2, None)] {
+            let msgs: Vec<Vec<u8>> = (0..3u8).map(|i| vec![round, i]).collect();
+            let refs: Vec<(&[u8], SocketAddrV4)> =
+                msgs.iter().map(|m| (m.as_slice(), to)).collect();
+            let (sent, err) = sender.send(tx.as_raw_fd(), &refs, via);
+            assert_eq!((sent, err.map(|e| e.to_string())), (3, None));
+            let mut got = Vec::new();
+            for _ in 0..3 {
+                let n = batch.read(rx.as_raw_fd(), true).unwrap();
+                for i in 0..n {
+                    let (data, r) = batch.get(i).unwrap();
+                    assert_eq!(r.src, tx.local_addr().unwrap());
+                    assert_eq!(r.ifindex, Some(lo), "round {round}");
+                    assert_eq!(r.dst, Some(IpAddr::from([127, 0, 0, 1])));
+                    got.push(data.to_vec());
+                }
+                if got.len() == 3 {
+                    break;
+                }
+            }
+            assert_eq!(got, msgs);
+            assert!(batch.get(3).is_none());
+        }
+        let t = std::time::Instant::now();
+        let e = batch.read(rx.as_raw_fd(), false).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        // A datagram longer than the buffer is cut to it.
+        tx.send_to(&[7u8; 40], rx.local_addr().unwrap()).unwrap();
+        assert_eq!(batch.read(rx.as_raw_fd(), true).unwrap(), 1);
+        assert_eq!(batch.get(0).unwrap().0, &[7u8; 16][..]);
     }
 
     /// Without the option there is no packet info, and no error.

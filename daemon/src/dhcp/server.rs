@@ -2,19 +2,20 @@
 //! is decoded, answered by [`super::respond`] from the current inventory
 //! snapshot, encoded and sent; events and metrics are recorded on the way.
 //!
-//! Each socket is read by OS threads of its own (port 67: `dhcp.threads`)
-//! doing blocking `recvmsg`/`sendmsg` rather than tasks on the tokio
-//! runtime: a request then costs two system calls and one wake-up of the
-//! thread that answers it. On tokio every
-//! packet also went through epoll and woke a second worker to look for
-//! work, which was about a third of the server's CPU per DORA under load,
-//! and the answer could wait behind whatever task shared its worker
-//! (measured: BENCHMARKS.md).
+//! Each socket is read by an OS thread of its own rather than by tasks on
+//! the tokio runtime: on tokio every packet also went through epoll and
+//! woke a second worker to look for work, about a third of the server's
+//! CPU per DORA under load, and the answer could wait behind whatever task
+//! shared its worker (measured: BENCHMARKS.md). The thread reads and sends
+//! in batches (`recvmmsg`/`sendmmsg`), blocks for each request while they
+//! are few and lets them gather under load ([`Pace`]); port 67's other
+//! `dhcp.threads` help only with a backlog ([`Crew`]).
 
 use super::{Dest, Ignore, Outcome, Port, Reply, Settings, respond};
 use crate::events::{Event, EventSink};
 use crate::inventory::Inventory;
 use crate::metrics::Metrics;
+use crate::udp::{Batch, Sender};
 use dhcproto::v4::{DhcpOption, MessageType, OptionCode};
 use nix::sys::socket::{self, ControlMessage, MsgFlags, SockaddrIn, sockopt};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -72,6 +73,123 @@ pub struct Shell {
     pub pool: Option<super::discovery::Handoff>,
 }
 
+/// Requests read, and replies sent, per system call at most.
+const BATCH: usize = 32;
+
+/// Under load, how long the reader lets requests gather before it reads
+/// them all in one call ([`Pace`]): at 6,000 DORA/s about three.
+const GATHER: Duration = Duration::from_micros(250);
+
+/// Over how long [`Pace`] measures the request rate.
+const PACE_WINDOW: Duration = Duration::from_millis(10);
+
+/// Requests a second from which the reader gathers (6,000: three DORAs a
+/// millisecond), and below which it blocks for each again. Below 6,000 a
+/// [`GATHER`] holds one or two requests, too few to be worth the delay:
+/// the reply latency at 2,000 DORA/s (BENCHMARKS.md) stays as it was.
+const GATHER_FROM: u64 = 6000;
+const GATHER_UNTIL: u64 = 4000;
+
+/// When the socket's reader blocks for each request and when it sleeps
+/// [`GATHER`] and then takes everything queued. Blocking answers at once
+/// but costs a wake-up a request, and on this path a wake-up costs more
+/// than the answer (a sleeping thread woken per packet was over half the
+/// server's CPU at 6,000 DORA/s: `tests/bench/profile perf:6000`).
+/// Sleeping costs one wake-up for all that gathered, and up to `GATHER`
+/// of latency. NAPI makes the same choice between interrupts and polling;
+/// here it is made on the request rate over the last [`PACE_WINDOW`],
+/// with hysteresis, and an empty read ends gathering at once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pace {
+    gathering: bool,
+    since: Instant,
+    count: u64,
+}
+
+impl Pace {
+    pub(crate) fn new(now: Instant) -> Pace {
+        Pace {
+            gathering: false,
+            since: now,
+            count: 0,
+        }
+    }
+
+    /// Whether the next read should wait [`GATHER`] first.
+    pub(crate) fn gathering(&self) -> bool {
+        self.gathering
+    }
+
+    /// A read returned `n` requests at `now`.
+    pub(crate) fn saw(&mut self, n: usize, now: Instant) {
+        if n == 0 && self.gathering {
+            // Nothing came in a whole GATHER: the load is over.
+            *self = Pace::new(now);
+            return;
+        }
+        self.count += n as u64;
+        let took = now.saturating_duration_since(self.since);
+        if took < PACE_WINDOW {
+            return;
+        }
+        let per_s = self.count.saturating_mul(1_000_000) / (took.as_micros().max(1) as u64);
+        if per_s >= GATHER_FROM {
+            self.gathering = true;
+        } else if per_s < GATHER_UNTIL {
+            self.gathering = false;
+        }
+        self.since = now;
+        self.count = 0;
+    }
+}
+
+/// The threads of one socket. One reads it ([`Shell::spawn`]); the others
+/// wait here, off the socket, until the reader finds a backlog (a full
+/// batch) and calls one in to read beside it until the queue is empty. If
+/// they all waited on the socket, the kernel would wake one of them for
+/// each request while the reader gathers.
+#[derive(Default)]
+pub struct Crew {
+    calls: std::sync::Mutex<u64>,
+    bell: std::sync::Condvar,
+}
+
+impl Crew {
+    fn call(&self) {
+        let mut n = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        *n = n.wrapping_add(1);
+        self.bell.notify_one();
+    }
+
+    /// Until a call newer than `seen` (true) or `timeout` (false).
+    fn wait(&self, seen: &mut u64, timeout: Duration) -> bool {
+        let n = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let (n, _) = self
+            .bell
+            .wait_timeout_while(n, timeout, |n| *n == *seen)
+            .unwrap_or_else(|p| p.into_inner());
+        let called = *n != *seen;
+        *seen = *n;
+        called
+    }
+}
+
+/// Which of a socket's threads this is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Reader,
+    Helper,
+}
+
+/// A reply ready to go, and what is recorded once it went.
+pub(super) struct Outgoing {
+    bytes: Vec<u8>,
+    to: SocketAddrV4,
+    /// The interface a broadcast leaves by.
+    via: Option<u32>,
+    reply: Box<Reply>,
+}
+
 impl Shell {
     /// Serve `sock` on a thread of its own until `stop` is set (seen within
     /// [`STOP_POLL`]). Errors on a packet are logged and counted; the loop
@@ -80,59 +198,113 @@ impl Shell {
         self: Arc<Self>,
         sock: UdpSocket,
         port: Port,
+        role: Role,
+        crew: Arc<Crew>,
         stop: Arc<AtomicBool>,
     ) -> io::Result<JoinHandle<()>> {
-        let name = match port {
-            Port::Dhcp => "dhcp",
-            Port::Proxy => "dhcp-proxy",
+        let name = match (port, role) {
+            (Port::Dhcp, Role::Reader) => "dhcp",
+            (Port::Dhcp, Role::Helper) => "dhcp-helper",
+            (Port::Proxy, _) => "dhcp-proxy",
         };
         std::thread::Builder::new()
             .name(name.into())
-            .spawn(move || self.run(&sock, port, &stop))
+            .spawn(move || match role {
+                Role::Reader => self.read(&sock, port, &crew, &stop),
+                Role::Helper => self.help(&sock, port, &crew, &stop),
+            })
     }
 
-    fn run(&self, sock: &UdpSocket, port: Port, stop: &AtomicBool) {
-        let mut buf = vec![0u8; 4096];
+    fn read(&self, sock: &UdpSocket, port: Port, crew: &Crew, stop: &AtomicBool) {
+        let mut batch = Batch::new(BATCH, 4096);
+        let mut sender = Sender::new(BATCH);
+        let mut out = Vec::with_capacity(BATCH);
+        let mut pace = Pace::new(Instant::now());
         while !stop.load(Ordering::Relaxed) {
-            let d = match crate::udp::recv_pktinfo(sock.as_raw_fd(), &mut buf) {
-                Ok(d) => d,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::TimedOut
-                            | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    continue;
+            let gather = pace.gathering();
+            if gather {
+                std::thread::sleep(GATHER);
+            }
+            let n = read(&mut batch, sock, !gather);
+            pace.saw(n, Instant::now());
+            if n == batch.capacity() {
+                // A backlog: a helper reads beside this thread.
+                crew.call();
+            }
+            self.answer(&batch, n, port, sock, &mut sender, &mut out);
+        }
+    }
+
+    fn help(&self, sock: &UdpSocket, port: Port, crew: &Crew, stop: &AtomicBool) {
+        let mut batch = Batch::new(BATCH, 4096);
+        let mut sender = Sender::new(BATCH);
+        let mut out = Vec::with_capacity(BATCH);
+        let mut seen = 0;
+        while !stop.load(Ordering::Relaxed) {
+            if !crew.wait(&mut seen, STOP_POLL) {
+                continue;
+            }
+            // Until the queue is empty (bounded: one read a batch).
+            while !stop.load(Ordering::Relaxed) {
+                let n = read(&mut batch, sock, false);
+                if n == 0 {
+                    break;
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "dhcp: receive failed");
-                    continue;
+                if n == batch.capacity() {
+                    crew.call();
                 }
-            };
-            let t0 = Instant::now();
-            if self.handle(sock, &buf[..d.len], d.src, d.ifindex, port) {
-                self.metrics
-                    .dhcp_seconds
-                    .observe(t0.elapsed().as_secs_f64());
+                self.answer(&batch, n, port, sock, &mut sender, &mut out);
             }
         }
     }
 
-    /// True when a reply was sent.
+    /// Answer the first `n` datagrams of `batch`, then send the replies.
+    fn answer(
+        &self,
+        batch: &Batch,
+        n: usize,
+        port: Port,
+        sock: &UdpSocket,
+        sender: &mut Sender,
+        out: &mut Vec<Outgoing>,
+    ) {
+        if n == 0 {
+            return;
+        }
+        let t0 = Instant::now();
+        let snap = self.inventory.snapshot();
+        for i in 0..n {
+            let Some((data, d)) = batch.get(i) else {
+                continue;
+            };
+            if let Some(o) = self.handle(&snap, data, d.src, d.ifindex, port) {
+                out.push(o);
+            }
+        }
+        flush(
+            sock,
+            sender,
+            out,
+            &self.metrics,
+            &self.events,
+            self.settings.mode,
+            t0,
+        );
+    }
+
+    /// The reply to one request, ready to send, if it gets one.
     fn handle(
         &self,
-        sock: &UdpSocket,
+        snap: &crate::inventory::Snapshot,
         data: &[u8],
         src: SocketAddr,
         ifindex: Option<u32>,
         port: Port,
-    ) -> bool {
+    ) -> Option<Outgoing> {
         let Some(req) = super::decode(data) else {
             self.metrics.dhcp_ignored(Ignore::Malformed.as_str());
             tracing::debug!(%src, len = data.len(), "dhcp: malformed packet");
-            return false;
+            return None;
         };
         let req_type = match req.opts().get(OptionCode::MessageType) {
             Some(DhcpOption::MessageType(t)) => type_name(*t),
@@ -140,8 +312,7 @@ impl Shell {
         };
         self.metrics
             .dhcp_request(req_type, self.settings.mode.as_str());
-        let snap = self.inventory.snapshot();
-        match respond(&req, port, &snap, &self.settings) {
+        match respond(&req, port, snap, &self.settings) {
             Outcome::Ignore(Ignore::UnknownMac | Ignore::NoIpv4Reservation)
                 if port == Port::Dhcp
                     && self.settings.mode == super::Mode::Reservation
@@ -157,12 +328,12 @@ impl Shell {
                     self.metrics.dhcp_ignored(Ignore::PoolBusy.as_str());
                     tracing::debug!(%src, "dhcp: discovery pool busy, request dropped");
                 }
-                false
+                None
             }
             Outcome::Ignore(why) => {
                 self.metrics.dhcp_ignored(why.as_str());
                 tracing::debug!(%src, reason = why.as_str(), "dhcp: not answered");
-                false
+                None
             }
             Outcome::Note {
                 kind,
@@ -172,41 +343,48 @@ impl Shell {
             } => {
                 self.events
                     .record(Event::new(kind, message).machine(machine).mac(mac));
-                false
+                None
             }
-            Outcome::Reply(r) => deliver(
-                sock,
-                r,
-                src,
-                ifindex,
-                &self.metrics,
-                &self.events,
-                self.settings.mode,
-            ),
+            Outcome::Reply(r) => prepare(r, src, ifindex, &self.metrics),
         }
     }
 }
 
-/// Send a reply where `r.dest` says (a broadcast through the interface the
-/// request came in on, `ifindex`), then count it and record its event.
-/// True when it was sent. Shared by the socket threads and the discovery
-/// pool's.
-pub(super) fn deliver(
-    sock: &UdpSocket,
+/// One batch read; 0 when nothing came (a receive timeout, an empty queue)
+/// or the read failed (logged: the loop goes on).
+fn read(batch: &mut Batch, sock: &UdpSocket, wait: bool) -> usize {
+    match batch.read(sock.as_raw_fd(), wait) {
+        Ok(n) => n,
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+            ) =>
+        {
+            0
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "dhcp: receive failed");
+            0
+        }
+    }
+}
+
+/// Where `r` goes (a broadcast through the interface the request came in
+/// on, `ifindex`), encoded; None (counted) when it cannot be.
+pub(super) fn prepare(
     mut r: Box<Reply>,
     src: SocketAddr,
     ifindex: Option<u32>,
     metrics: &Metrics,
-    events: &EventSink,
-    mode: super::Mode,
-) -> bool {
+) -> Option<Outgoing> {
     let to = match r.dest {
         Dest::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, super::CLIENT_PORT),
         Dest::Relay(g) => SocketAddrV4::new(g, super::SERVER_PORT),
         Dest::Client(c) => SocketAddrV4::new(c, super::CLIENT_PORT),
         Dest::Source => match src {
             SocketAddr::V4(a) => a,
-            SocketAddr::V6(_) => return false,
+            SocketAddr::V6(_) => return None,
         },
     };
     // Only a broadcast needs the interface named: unicast
@@ -220,23 +398,74 @@ pub(super) fn deliver(
         Some(b) => Ok(b),
         None => super::encode(&r.msg),
     };
-    let bytes = match encoded {
-        Ok(b) => b,
+    match encoded {
+        Ok(bytes) => Some(Outgoing {
+            bytes,
+            to,
+            via,
+            reply: r,
+        }),
         Err(e) => {
             metrics.dhcp_ignored(Ignore::EncodeFailed.as_str());
             tracing::error!(error = %e, mac = %r.mac, "dhcp: cannot encode reply");
-            return false;
+            None
         }
-    };
-    if let Err(e) = send(sock, &bytes, to, via) {
-        metrics.dhcp_ignored(Ignore::SendFailed.as_str());
-        tracing::warn!(error = %e, %to, "dhcp: send failed");
-        return false;
     }
+}
+
+/// Send `out` (emptied), in as few system calls as there are runs of
+/// replies leaving by the same interface, then count each reply and record
+/// its event; `t0`: when the batch was read.
+fn flush(
+    sock: &UdpSocket,
+    sender: &mut Sender,
+    out: &mut Vec<Outgoing>,
+    metrics: &Metrics,
+    events: &EventSink,
+    mode: super::Mode,
+    t0: Instant,
+) {
+    let mut sent = vec![false; out.len()];
+    let mut start = 0;
+    while start < out.len() {
+        let via = out[start].via;
+        let end = out[start..]
+            .iter()
+            .position(|o| o.via != via)
+            .map_or(out.len(), |k| start + k);
+        let msgs: Vec<(&[u8], SocketAddrV4)> = out[start..end]
+            .iter()
+            .map(|o| (o.bytes.as_slice(), o.to))
+            .collect();
+        let mut at = 0;
+        while at < msgs.len() {
+            let (n, err) = sender.send(sock.as_raw_fd(), &msgs[at..], via);
+            sent[start + at..start + at + n].fill(true);
+            at += n;
+            if let Some(e) = err {
+                // This one failed: count it and go on after it.
+                metrics.dhcp_ignored(Ignore::SendFailed.as_str());
+                tracing::warn!(error = %e, to = %msgs[at].1, "dhcp: send failed");
+                at += 1;
+            }
+        }
+        start = end;
+    }
+    for (o, sent) in out.drain(..).zip(sent) {
+        if sent {
+            metrics.dhcp_seconds.observe(t0.elapsed().as_secs_f64());
+            record(o, metrics, events, mode);
+        }
+    }
+}
+
+/// A reply went: its counter and its event.
+fn record(o: Outgoing, metrics: &Metrics, events: &EventSink, mode: super::Mode) {
+    let r = o.reply;
     metrics.dhcp_reply(r.kind.as_str(), mode.as_str());
     let mut e = Event::new(
         r.kind,
-        reply_message(r.kind.as_str(), to, r.fields.boot_file()),
+        reply_message(r.kind.as_str(), o.to, r.fields.boot_file()),
     )
     .mac(r.mac)
     .fields(&r.fields);
@@ -247,6 +476,29 @@ pub(super) fn deliver(
         e = e.machine(k);
     }
     events.record(e);
+}
+
+/// Send one reply where `r.dest` says, then count it and record its event.
+/// True when it was sent. For the discovery pool's thread, which answers
+/// one request at a time.
+pub(super) fn deliver(
+    sock: &UdpSocket,
+    r: Box<Reply>,
+    src: SocketAddr,
+    ifindex: Option<u32>,
+    metrics: &Metrics,
+    events: &EventSink,
+    mode: super::Mode,
+) -> bool {
+    let Some(o) = prepare(r, src, ifindex, metrics) else {
+        return false;
+    };
+    if let Err(e) = send(sock, &o.bytes, o.to, o.via) {
+        metrics.dhcp_ignored(Ignore::SendFailed.as_str());
+        tracing::warn!(error = %e, to = %o.to, "dhcp: send failed");
+        return false;
+    }
+    record(o, metrics, events, mode);
     true
 }
 
@@ -305,6 +557,63 @@ fn type_name(t: MessageType) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Blocking while quiet and at 2,000 DORA/s (4,000 requests a second),
+    /// gathering from 6,000 requests a second, back only below 4,000 or at
+    /// an empty read.
+    #[test]
+    fn pace_gathers_under_load_only() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut p = Pace::new(t0);
+        // 4,000/s: a request every 250 us, read one by one.
+        for i in 1..=400u64 {
+            p.saw(1, t0 + Duration::from_micros(250 * i));
+        }
+        assert!(!p.gathering(), "{p:?}");
+        // 10,000/s: 60 requests in the first 6 ms of a window decide
+        // nothing yet; 100 in 10 ms do.
+        p.saw(60, ms(106));
+        assert!(!p.gathering(), "a window has not passed: {p:?}");
+        p.saw(40, ms(110));
+        assert!(p.gathering(), "{p:?}");
+        // 5,000/s: between the thresholds, it keeps gathering.
+        p.saw(25, ms(115));
+        p.saw(30, ms(121));
+        assert!(p.gathering(), "{p:?}");
+        // 2,000/s: back to blocking.
+        p.saw(20, ms(131));
+        assert!(!p.gathering(), "{p:?}");
+        // Up again, then a gather that finds nothing ends it at once.
+        p.saw(200, ms(142));
+        assert!(p.gathering());
+        p.saw(0, ms(143));
+        assert!(!p.gathering(), "{p:?}");
+        // Idle for a long time, then one request: still blocking.
+        p.saw(1, ms(60_000));
+        assert!(!p.gathering());
+    }
+
+    /// The crew's bell: a call wakes a waiting helper once; no call times out.
+    #[test]
+    fn crew_calls_wake_a_helper() {
+        let crew = Arc::new(Crew::default());
+        let mut seen = 0;
+        assert!(!crew.wait(&mut seen, Duration::from_millis(10)));
+        let c = crew.clone();
+        let t = std::thread::spawn(move || {
+            let mut seen = 0;
+            c.wait(&mut seen, Duration::from_secs(10))
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        crew.call();
+        assert!(t.join().unwrap());
+        assert!(
+            crew.wait(&mut seen, Duration::from_millis(1)),
+            "a call before the wait counts"
+        );
+        assert!(!crew.wait(&mut seen, Duration::from_millis(1)));
+    }
 
     /// The buffer asked for, or as much of it as the kernel grants
     /// without privilege (`net.core.rmem_max`); never the default.
