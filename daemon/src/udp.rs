@@ -122,10 +122,12 @@ impl Batch {
                 dst: None,
             }));
         }
-        if !got.is_empty() {
-            // The kernel shortens each header's address and control
-            // lengths to what it wrote, and nix does not reset them: fresh
-            // headers, so no later datagram loses its packet info.
+        if got.iter().any(|r| r.ifindex.is_none()) {
+            // The kernel sets each header's control length to what it
+            // wrote, and nix does not reset it: after a datagram without
+            // packet info (a socket without the option) its slot would
+            // have no room left for one. Fresh headers then; with the
+            // option every datagram has the same info, which always fits.
             *headers = MultiHeaders::preallocate(
                 bufs.len(),
                 Some(nix::cmsg_space!(nix::libc::in6_pktinfo)),
@@ -285,6 +287,16 @@ mod tests {
             assert_eq!(got, msgs);
             assert!(batch.get(3).is_none());
         }
+        // A datagram that came without packet info (the option off for a
+        // while) leaves room for the next one's.
+        setsockopt(&rx, sockopt::Ipv4PacketInfo, &false).unwrap();
+        tx.send_to(b"a", rx.local_addr().unwrap()).unwrap();
+        assert_eq!(batch.read(rx.as_raw_fd(), true).unwrap(), 1);
+        assert_eq!(batch.get(0).unwrap().1.ifindex, None);
+        setsockopt(&rx, sockopt::Ipv4PacketInfo, &true).unwrap();
+        tx.send_to(b"b", rx.local_addr().unwrap()).unwrap();
+        assert_eq!(batch.read(rx.as_raw_fd(), true).unwrap(), 1);
+        assert_eq!(batch.get(0).unwrap().1.ifindex, Some(lo));
         let t = std::time::Instant::now();
         let e = batch.read(rx.as_raw_fd(), false).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
