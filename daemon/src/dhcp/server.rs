@@ -76,9 +76,24 @@ pub struct Shell {
 /// Requests read, and replies sent, per system call at most.
 const BATCH: usize = 32;
 
-/// Under load, how long the reader lets requests gather before it reads
-/// them all in one call ([`Pace`]): at 6,000 DORA/s about three.
-const GATHER: Duration = Duration::from_micros(250);
+/// Under load, the longest the reader lets requests gather before it reads
+/// them all in one call ([`Pace`]): at 6,000 DORA/s about six. 250 us
+/// (three) cost 37 us of CPU per DORA there, 500 us 28 (perfdhcp,
+/// BENCHMARKS.md), for up to half a millisecond more latency at rates
+/// where a DHCP client waits seconds between retries anyway.
+const GATHER: Duration = Duration::from_micros(500);
+
+/// Requests a gather waits for at the measured rate (when that takes less
+/// than [`GATHER`]): at high rates the wait shrinks and the batch does
+/// not, so latency stays low where the rate is bounded by it.
+const GATHER_BATCH: u64 = 8;
+
+/// The shortest gather: below this a sleep costs as much as it saves.
+const GATHER_MIN: Duration = Duration::from_micros(40);
+
+/// The reader's timer slack: how late the kernel may end a gather's
+/// sleep to batch its timers (50 us by default, as long as a short gather).
+const TIMER_SLACK_NS: u64 = 5_000;
 
 /// Over how long [`Pace`] measures the request rate.
 const PACE_WINDOW: Duration = Duration::from_millis(10);
@@ -91,19 +106,22 @@ const GATHER_FROM: u64 = 6000;
 const GATHER_UNTIL: u64 = 4000;
 
 /// When the socket's reader blocks for each request and when it sleeps
-/// [`GATHER`] and then takes everything queued. Blocking answers at once
+/// a little and then takes everything queued. Blocking answers at once
 /// but costs a wake-up a request, and on this path a wake-up costs more
 /// than the answer (a sleeping thread woken per packet was over half the
 /// server's CPU at 6,000 DORA/s: `tests/bench/profile perf:6000`).
-/// Sleeping costs one wake-up for all that gathered, and up to `GATHER`
-/// of latency. NAPI makes the same choice between interrupts and polling;
-/// here it is made on the request rate over the last [`PACE_WINDOW`],
-/// with hysteresis, and an empty read ends gathering at once.
+/// Sleeping costs one wake-up for all that gathered, and some latency:
+/// long enough for [`GATHER_BATCH`] requests, at most [`GATHER`]. NAPI
+/// makes the same choice between interrupts and polling; here it is made
+/// on the request rate over the last [`PACE_WINDOW`], with hysteresis, and
+/// an empty read ends gathering at once.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Pace {
     gathering: bool,
     since: Instant,
     count: u64,
+    /// Requests a second over the last whole window.
+    per_s: u64,
 }
 
 impl Pace {
@@ -112,18 +130,24 @@ impl Pace {
             gathering: false,
             since: now,
             count: 0,
+            per_s: 0,
         }
     }
 
-    /// Whether the next read should wait [`GATHER`] first.
-    pub(crate) fn gathering(&self) -> bool {
-        self.gathering
+    /// How long the next read should let requests gather first; None:
+    /// block for the next one instead.
+    pub(crate) fn gather(&self) -> Option<Duration> {
+        if !self.gathering {
+            return None;
+        }
+        let us = GATHER_BATCH.saturating_mul(1_000_000) / self.per_s.max(1);
+        Some(Duration::from_micros(us).clamp(GATHER_MIN, GATHER))
     }
 
     /// A read returned `n` requests at `now`.
     pub(crate) fn saw(&mut self, n: usize, now: Instant) {
         if n == 0 && self.gathering {
-            // Nothing came in a whole GATHER: the load is over.
+            // Nothing came in a whole gather: the load is over.
             *self = Pace::new(now);
             return;
         }
@@ -132,10 +156,10 @@ impl Pace {
         if took < PACE_WINDOW {
             return;
         }
-        let per_s = self.count.saturating_mul(1_000_000) / (took.as_micros().max(1) as u64);
-        if per_s >= GATHER_FROM {
+        self.per_s = self.count.saturating_mul(1_000_000) / (took.as_micros().max(1) as u64);
+        if self.per_s >= GATHER_FROM {
             self.gathering = true;
-        } else if per_s < GATHER_UNTIL {
+        } else if self.per_s < GATHER_UNTIL {
             self.gathering = false;
         }
         self.since = now;
@@ -220,15 +244,22 @@ impl Shell {
         let mut sender = Sender::new(BATCH);
         let mut out = Vec::with_capacity(BATCH);
         let mut pace = Pace::new(Instant::now());
+        // Best effort: without it a gather only ends a little later.
+        let _ = nix::sys::prctl::set_timerslack(TIMER_SLACK_NS as _);
+        let mut backlog = false;
         while !stop.load(Ordering::Relaxed) {
-            let gather = pace.gathering();
-            if gather {
-                std::thread::sleep(GATHER);
+            let gather = pace.gather();
+            // With a backlog there is no need to wait for more.
+            if let Some(d) = gather
+                && !backlog
+            {
+                std::thread::sleep(d);
             }
-            let n = read(&mut batch, sock, !gather);
+            let n = read(&mut batch, sock, gather.is_none());
             pace.saw(n, Instant::now());
-            if n == batch.capacity() {
-                // A backlog: a helper reads beside this thread.
+            backlog = n == batch.capacity();
+            if backlog {
+                // A helper reads beside this thread.
                 crew.call();
             }
             self.answer(&batch, n, port, sock, &mut sender, &mut out);
@@ -570,28 +601,35 @@ mod tests {
         for i in 1..=400u64 {
             p.saw(1, t0 + Duration::from_micros(250 * i));
         }
-        assert!(!p.gathering(), "{p:?}");
+        assert!(p.gather().is_none(), "{p:?}");
         // 10,000/s: 60 requests in the first 6 ms of a window decide
         // nothing yet; 100 in 10 ms do.
         p.saw(60, ms(106));
-        assert!(!p.gathering(), "a window has not passed: {p:?}");
+        assert!(p.gather().is_none(), "a window has not passed: {p:?}");
         p.saw(40, ms(110));
-        assert!(p.gathering(), "{p:?}");
+        // 8 requests at 10,000/s take 800 us: the gather is the longest.
+        assert_eq!(p.gather(), Some(GATHER), "{p:?}");
         // 5,000/s: between the thresholds, it keeps gathering.
         p.saw(25, ms(115));
         p.saw(30, ms(121));
-        assert!(p.gathering(), "{p:?}");
+        assert!(p.gather().is_some(), "{p:?}");
         // 2,000/s: back to blocking.
         p.saw(20, ms(131));
-        assert!(!p.gathering(), "{p:?}");
+        assert!(p.gather().is_none(), "{p:?}");
         // Up again, then a gather that finds nothing ends it at once.
         p.saw(200, ms(142));
-        assert!(p.gathering());
+        // 200 in 11 ms: 8 of them in 440 us.
+        assert_eq!(p.gather(), Some(Duration::from_micros(440)));
+        // 80,000/s: 8 in 100 us; 400,000/s: the shortest.
+        p.saw(800, ms(152));
+        assert_eq!(p.gather(), Some(Duration::from_micros(100)));
+        p.saw(4000, ms(162));
+        assert_eq!(p.gather(), Some(GATHER_MIN));
         p.saw(0, ms(143));
-        assert!(!p.gathering(), "{p:?}");
+        assert!(p.gather().is_none(), "{p:?}");
         // Idle for a long time, then one request: still blocking.
         p.saw(1, ms(60_000));
-        assert!(!p.gathering());
+        assert!(p.gather().is_none());
     }
 
     /// The crew's bell: a call wakes a waiting helper once; no call times out.
