@@ -146,6 +146,17 @@ impl Batch {
     }
 }
 
+/// The packet info that sends a datagram out of interface `ifindex`.
+pub fn pktinfo(ifindex: Option<u32>) -> Option<nix::libc::in_pktinfo> {
+    ifindex
+        .and_then(|i| i32::try_from(i).ok())
+        .map(|i| nix::libc::in_pktinfo {
+            ipi_ifindex: i,
+            ipi_spec_dst: nix::libc::in_addr { s_addr: 0 },
+            ipi_addr: nix::libc::in_addr { s_addr: 0 },
+        })
+}
+
 /// Sends datagrams in batches (`sendmmsg`), all of one call with the same
 /// interface (`IP_PKTINFO`, for broadcasts) or none.
 pub struct Sender {
@@ -176,13 +187,7 @@ impl Sender {
         msgs: &[(&[u8], SocketAddrV4)],
         ifindex: Option<u32>,
     ) -> (usize, Option<io::Error>) {
-        let info = ifindex
-            .and_then(|i| i32::try_from(i).ok())
-            .map(|i| nix::libc::in_pktinfo {
-                ipi_ifindex: i,
-                ipi_spec_dst: nix::libc::in_addr { s_addr: 0 },
-                ipi_addr: nix::libc::in_addr { s_addr: 0 },
-            });
+        let info = pktinfo(ifindex);
         let cmsgs: Vec<ControlMessage<'_>> =
             info.iter().map(ControlMessage::Ipv4PacketInfo).collect();
         let headers = if cmsgs.is_empty() {

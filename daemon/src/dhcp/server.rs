@@ -536,13 +536,7 @@ pub(super) fn deliver(
 // std's UdpSocket has no sendmsg with control messages; nix's safe wrapper has.
 fn send(sock: &UdpSocket, bytes: &[u8], to: SocketAddrV4, ifindex: Option<u32>) -> io::Result<()> {
     let dest = SockaddrIn::from(to);
-    let info = ifindex
-        .and_then(|i| i32::try_from(i).ok())
-        .map(|i| nix::libc::in_pktinfo {
-            ipi_ifindex: i,
-            ipi_spec_dst: nix::libc::in_addr { s_addr: 0 },
-            ipi_addr: nix::libc::in_addr { s_addr: 0 },
-        });
+    let info = crate::udp::pktinfo(ifindex);
     let cmsgs: Vec<ControlMessage> = info.iter().map(ControlMessage::Ipv4PacketInfo).collect();
     loop {
         match socket::sendmsg(
