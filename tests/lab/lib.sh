@@ -194,7 +194,7 @@ END
         lab_log "the cluster: kube-apiserver from $assets on $etcd, 127.0.0.1:$port in $ns"
         return 0
     fi
-    lab_log "NO kube-apiserver in $assets (KUBEBUILDER_ASSETS): the cluster is kmock, a fake API server (no schema validation, no server-side apply semantics)"
+    lab_log "NO kube-apiserver in $assets (KUBEBUILDER_ASSETS): the cluster is kmock, a fake API server (no schema validation, server-side apply only in part: a manager's dropped fields go, ownership is not tracked)"
     local kpy
     kpy=$("$repo/tests/kube/kmock-venv")
     ip netns exec "$ns" "$kpy" "$repo/tests/kube/kmock-server" --port "$port" </dev/null >"$dir/kmock.log" 2>&1 &
