@@ -147,7 +147,7 @@ impl Batch {
 }
 
 /// The packet info that sends a datagram out of interface `ifindex`.
-pub fn pktinfo(ifindex: Option<u32>) -> Option<nix::libc::in_pktinfo> {
+fn pktinfo(ifindex: Option<u32>) -> Option<nix::libc::in_pktinfo> {
     ifindex
         .and_then(|i| i32::try_from(i).ok())
         .map(|i| nix::libc::in_pktinfo {

@@ -17,9 +17,9 @@ use crate::inventory::Inventory;
 use crate::metrics::Metrics;
 use crate::udp::{Batch, Sender};
 use dhcproto::v4::{DhcpOption, MessageType, OptionCode};
-use nix::sys::socket::{self, ControlMessage, MsgFlags, SockaddrIn, sockopt};
+use nix::sys::socket::{self, sockopt};
 use socket2::{Domain, Protocol, Socket, Type};
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -214,6 +214,63 @@ pub(super) struct Outgoing {
     reply: Box<Reply>,
 }
 
+/// A socket thread's buffers: the batch read, the replies, their headers.
+struct Worker {
+    batch: Batch,
+    sender: Sender,
+    out: Vec<Outgoing>,
+}
+
+impl Worker {
+    fn new() -> Worker {
+        Worker {
+            batch: Batch::new(BATCH, 4096),
+            sender: Sender::new(BATCH),
+            out: Vec::with_capacity(BATCH),
+        }
+    }
+
+    /// One read (`wait`: blocking for the first request), its answers
+    /// sent; a full read calls a helper in. Returns how many were read.
+    fn serve(
+        &mut self,
+        shell: &Shell,
+        sock: &UdpSocket,
+        port: Port,
+        crew: &Crew,
+        wait: bool,
+    ) -> usize {
+        let n = read(&mut self.batch, sock, wait);
+        if n == 0 {
+            return 0;
+        }
+        if n == BATCH {
+            // A backlog: a helper reads beside this thread.
+            crew.call();
+        }
+        let t0 = Instant::now();
+        let snap = shell.inventory.snapshot();
+        for i in 0..n {
+            let Some((data, d)) = self.batch.get(i) else {
+                continue;
+            };
+            if let Some(o) = shell.handle(&snap, data, d.src, d.ifindex, port) {
+                self.out.push(o);
+            }
+        }
+        flush(
+            sock,
+            &mut self.sender,
+            &mut self.out,
+            &shell.metrics,
+            &shell.events,
+            shell.settings.mode,
+            t0,
+        );
+        n
+    }
+}
+
 impl Shell {
     /// Serve `sock` on a thread of its own until `stop` is set (seen within
     /// [`STOP_POLL`]). Errors on a packet are logged and counted; the loop
@@ -240,9 +297,7 @@ impl Shell {
     }
 
     fn read(&self, sock: &UdpSocket, port: Port, crew: &Crew, stop: &AtomicBool) {
-        let mut batch = Batch::new(BATCH, 4096);
-        let mut sender = Sender::new(BATCH);
-        let mut out = Vec::with_capacity(BATCH);
+        let mut w = Worker::new();
         let mut pace = Pace::new(Instant::now());
         // Best effort: without it a gather only ends a little later.
         let _ = nix::sys::prctl::set_timerslack(TIMER_SLACK_NS as _);
@@ -255,72 +310,22 @@ impl Shell {
             {
                 std::thread::sleep(d);
             }
-            let n = read(&mut batch, sock, gather.is_none());
+            let n = w.serve(self, sock, port, crew, gather.is_none());
             pace.saw(n, Instant::now());
-            backlog = n == batch.capacity();
-            if backlog {
-                // A helper reads beside this thread.
-                crew.call();
-            }
-            self.answer(&batch, n, port, sock, &mut sender, &mut out);
+            backlog = n == BATCH;
         }
     }
 
     fn help(&self, sock: &UdpSocket, port: Port, crew: &Crew, stop: &AtomicBool) {
-        let mut batch = Batch::new(BATCH, 4096);
-        let mut sender = Sender::new(BATCH);
-        let mut out = Vec::with_capacity(BATCH);
+        let mut w = Worker::new();
         let mut seen = 0;
         while !stop.load(Ordering::Relaxed) {
             if !crew.wait(&mut seen, STOP_POLL) {
                 continue;
             }
             // Until the queue is empty (bounded: one read a batch).
-            while !stop.load(Ordering::Relaxed) {
-                let n = read(&mut batch, sock, false);
-                if n == 0 {
-                    break;
-                }
-                if n == batch.capacity() {
-                    crew.call();
-                }
-                self.answer(&batch, n, port, sock, &mut sender, &mut out);
-            }
+            while !stop.load(Ordering::Relaxed) && w.serve(self, sock, port, crew, false) > 0 {}
         }
-    }
-
-    /// Answer the first `n` datagrams of `batch`, then send the replies.
-    fn answer(
-        &self,
-        batch: &Batch,
-        n: usize,
-        port: Port,
-        sock: &UdpSocket,
-        sender: &mut Sender,
-        out: &mut Vec<Outgoing>,
-    ) {
-        if n == 0 {
-            return;
-        }
-        let t0 = Instant::now();
-        let snap = self.inventory.snapshot();
-        for i in 0..n {
-            let Some((data, d)) = batch.get(i) else {
-                continue;
-            };
-            if let Some(o) = self.handle(&snap, data, d.src, d.ifindex, port) {
-                out.push(o);
-            }
-        }
-        flush(
-            sock,
-            sender,
-            out,
-            &self.metrics,
-            &self.events,
-            self.settings.mode,
-            t0,
-        );
     }
 
     /// The reply to one request, ready to send, if it gets one.
@@ -524,32 +529,14 @@ pub(super) fn deliver(
     let Some(o) = prepare(r, src, ifindex, metrics) else {
         return false;
     };
-    if let Err(e) = send(sock, &o.bytes, o.to, o.via) {
+    let (_, err) = Sender::new(1).send(sock.as_raw_fd(), &[(&o.bytes, o.to)], o.via);
+    if let Some(e) = err {
         metrics.dhcp_ignored(Ignore::SendFailed.as_str());
         tracing::warn!(error = %e, to = %o.to, "dhcp: send failed");
         return false;
     }
     record(o, metrics, events, mode);
     true
-}
-
-// std's UdpSocket has no sendmsg with control messages; nix's safe wrapper has.
-fn send(sock: &UdpSocket, bytes: &[u8], to: SocketAddrV4, ifindex: Option<u32>) -> io::Result<()> {
-    let dest = SockaddrIn::from(to);
-    let info = crate::udp::pktinfo(ifindex);
-    let cmsgs: Vec<ControlMessage> = info.iter().map(ControlMessage::Ipv4PacketInfo).collect();
-    loop {
-        match socket::sendmsg(
-            sock.as_raw_fd(),
-            &[IoSlice::new(bytes)],
-            &cmsgs,
-            MsgFlags::empty(),
-            Some(&dest),
-        ) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            r => return r.map(drop).map_err(io::Error::from),
-        }
-    }
 }
 
 /// `DHCP OFFER to 10.0.0.5:68, boot file ipxe.efi`, in one allocation.
@@ -619,7 +606,7 @@ mod tests {
         assert_eq!(p.gather(), Some(Duration::from_micros(100)));
         p.saw(4000, ms(162));
         assert_eq!(p.gather(), Some(GATHER_MIN));
-        p.saw(0, ms(143));
+        p.saw(0, ms(163));
         assert!(p.gather().is_none(), "{p:?}");
         // Idle for a long time, then one request: still blocking.
         p.saw(1, ms(60_000));
