@@ -504,6 +504,7 @@ fn record(o: Outgoing, metrics: &Metrics, events: &EventSink, mode: super::Mode)
         reply_message(r.kind.as_str(), o.to, r.fields.boot_file()),
     )
     .mac(r.mac)
+    .xid(r.msg.xid())
     .fields(&r.fields);
     if !r.msg.yiaddr().is_unspecified() {
         e = e.ip(std::net::IpAddr::V4(r.msg.yiaddr()));

@@ -212,6 +212,9 @@ pub struct Event {
     /// A JSON object, as text: hot paths serialise typed fields straight
     /// into it, and the writer stores it as it is.
     pub fields: Option<String>,
+    /// The DHCP transaction id a reply answered: an OFFER and the ACK of
+    /// the same client's REQUEST share it ([`fold_offers`]). Not stored.
+    pub xid: Option<u32>,
 }
 
 impl Event {
@@ -224,7 +227,13 @@ impl Event {
             kind,
             message: message.into(),
             fields: None,
+            xid: None,
         }
+    }
+
+    pub fn xid(mut self, xid: u32) -> Self {
+        self.xid = Some(xid);
+        self
     }
 
     pub fn machine(mut self, key: Key) -> Self {
@@ -363,6 +372,66 @@ pub fn channel(queue: usize, metrics: Arc<Metrics>) -> (EventSink, mpsc::Receive
     (EventSink { tx, metrics }, rx)
 }
 
+/// Stores each DHCP OFFER that its client took within the same batch as
+/// part of the ACK's row: the ACK (same MAC, transaction and address) gains
+/// `offered_ms_before` in its fields and "(offered N ms before)" in its
+/// message, and the OFFER's own row is not written. A DORA is then one row,
+/// not two: the rows are most of what the event log costs (SQLite's insert
+/// and its index entry, ~2-4 us each), and DHCP at fixed rates was half
+/// event log (issue 34). An OFFER not taken, or whose ACK falls in the next
+/// batch, keeps its row; of a retried DISCOVER's OFFERs the last is folded.
+pub fn fold_offers(buf: &mut Vec<Event>) {
+    let mut offers: std::collections::HashMap<(Mac, u32), usize> = Default::default();
+    let mut gone = Vec::new();
+    for i in 0..buf.len() {
+        let (Some(mac), Some(xid)) = (buf[i].mac, buf[i].xid) else {
+            continue;
+        };
+        match buf[i].kind {
+            Kind::DhcpOffer => {
+                offers.insert((mac, xid), i);
+            }
+            Kind::DhcpAck => {
+                let Some(j) = offers.remove(&(mac, xid)) else {
+                    continue;
+                };
+                if buf[j].ip != buf[i].ip {
+                    continue;
+                }
+                let before = (buf[i].ts_ms - buf[j].ts_ms).max(0);
+                let ack = &mut buf[i];
+                {
+                    use std::fmt::Write;
+                    let _ = write!(ack.message, " (offered {before} ms before)");
+                }
+                if let Some(f) = &mut ack.fields
+                    && f.ends_with('}')
+                {
+                    f.pop();
+                    if f.len() > 1 {
+                        f.push(',');
+                    }
+                    use std::fmt::Write;
+                    let _ = write!(f, "\"offered_ms_before\":{before}}}");
+                }
+                gone.push(j);
+            }
+            _ => {}
+        }
+    }
+    if gone.is_empty() {
+        return;
+    }
+    gone.sort_unstable();
+    let mut i = 0;
+    let mut next = gone.iter().peekable();
+    buf.retain(|_| {
+        let drop = next.next_if_eq(&&i).is_some();
+        i += 1;
+        !drop
+    });
+}
+
 /// Events a machine may gain beyond `per_machine` before it is trimmed:
 /// trimming is a DELETE per machine (an index probe per bucket of 8192
 /// events, see the store), so it is done once per this many of its events
@@ -493,6 +562,7 @@ pub async fn writer(
                         }
                     }
                 }
+                fold_offers(&mut buf);
                 let n = buf.len();
                 let due = trimmer.count(&buf);
                 match log.insert(&buf, &due, per_machine).await {
@@ -712,6 +782,73 @@ mod tests {
             Some(k) => e.machine(k.clone()),
             None => e,
         }
+    }
+
+    fn reply(kind: Kind, mac: u8, xid: u32, ip: u8, ts_ms: i64) -> Event {
+        let mut e = Event::new(kind, format!("DHCP {kind}"))
+            .mac(Mac([2, 0, 0, 0, 0, mac]))
+            .ip(IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, ip)))
+            .xid(xid)
+            .fields(serde_json::json!({"xid": xid}));
+        e.ts_ms = ts_ms;
+        e
+    }
+
+    #[test]
+    fn an_offer_taken_in_the_same_batch_is_folded_into_its_ack() {
+        use Kind::{DhcpAck as Ack, DhcpOffer as Offer};
+        let mut buf = vec![
+            reply(Offer, 1, 7, 1, 1000), // retried DISCOVER: kept
+            reply(Offer, 2, 9, 2, 1001), // never taken: kept
+            reply(Offer, 1, 7, 1, 1003), // taken: folded
+            ev(None, 0),
+            reply(Offer, 3, 5, 3, 1004), // ACK for another xid: kept
+            reply(Offer, 4, 6, 4, 1004), // ACK for another address: kept
+            reply(Ack, 1, 7, 1, 1005),
+            reply(Ack, 3, 4, 3, 1006),
+            reply(Ack, 4, 6, 9, 1006),
+            reply(Ack, 1, 7, 1, 1007), // a second ACK: nothing left to fold
+        ];
+        let mut plain = Event::new(Ack, "no fields")
+            .mac(Mac([2, 0, 0, 0, 0, 5]))
+            .xid(1);
+        plain.ts_ms = 1010;
+        let mut empty = Event::new(Offer, "x").mac(Mac([2, 0, 0, 0, 0, 5])).xid(1);
+        empty.ts_ms = 1008;
+        empty.fields = Some("{}".into());
+        let mut empty_ack = plain.clone();
+        empty_ack.fields = Some("{}".into());
+        buf.extend([empty, empty_ack, plain]);
+        fold_offers(&mut buf);
+        let got: Vec<(Kind, i64)> = buf.iter().map(|e| (e.kind, e.ts_ms)).collect();
+        assert_eq!(
+            got,
+            [
+                (Offer, 1000),
+                (Offer, 1001),
+                (Kind::Test, got[2].1),
+                (Offer, 1004),
+                (Offer, 1004),
+                (Ack, 1005),
+                (Ack, 1006),
+                (Ack, 1006),
+                (Ack, 1007),
+                (Ack, 1010),
+                (Ack, 1010),
+            ]
+        );
+        let folded = &buf[5];
+        assert_eq!(folded.message, "DHCP dhcp.ack (offered 2 ms before)");
+        let f: serde_json::Value = serde_json::from_str(folded.fields.as_deref().unwrap()).unwrap();
+        assert_eq!(f, serde_json::json!({"xid": 7, "offered_ms_before": 2}));
+        for e in &buf[6..9] {
+            assert!(!e.message.contains("offered"), "{e:?}");
+        }
+        // An object with no fields yet, and an ACK with none at all.
+        assert_eq!(buf[9].fields.as_deref(), Some(r#"{"offered_ms_before":2}"#));
+        assert_eq!(buf[9].message, "no fields (offered 2 ms before)");
+        assert_eq!(buf[10].fields, None);
+        assert_eq!(buf[10].message, "no fields");
     }
 
     #[test]
