@@ -495,21 +495,44 @@ fn flush(
     }
 }
 
+/// A reply's event text, made by the event writer ([`crate::events::Text`]).
+#[derive(Debug)]
+struct ReplyText {
+    kind: crate::events::Kind,
+    to: SocketAddrV4,
+    fields: super::Fields,
+}
+
+impl crate::events::Text for ReplyText {
+    fn render(&self) -> (String, Option<String>) {
+        (
+            reply_message(self.kind.as_str(), self.to, self.fields.boot_file()),
+            Some(crate::events::fields_json(self.kind, &self.fields)),
+        )
+    }
+}
+
 /// A reply went: its counter and its event.
 fn record(o: Outgoing, metrics: &Metrics, events: &EventSink, mode: super::Mode) {
-    let r = o.reply;
-    metrics.dhcp_reply(r.kind.as_str(), mode.as_str());
-    let mut e = Event::new(
-        r.kind,
-        reply_message(r.kind.as_str(), o.to, r.fields.boot_file()),
-    )
-    .mac(r.mac)
-    .xid(r.msg.xid())
-    .fields(&r.fields);
-    if !r.msg.yiaddr().is_unspecified() {
-        e = e.ip(std::net::IpAddr::V4(r.msg.yiaddr()));
+    let Reply {
+        msg,
+        kind,
+        machine,
+        mac,
+        fields,
+        ..
+    } = *o.reply;
+    metrics.dhcp_reply(kind.as_str(), mode.as_str());
+    let text = ReplyText {
+        kind,
+        to: o.to,
+        fields,
+    };
+    let mut e = Event::later(kind, Arc::new(text)).mac(mac).xid(msg.xid());
+    if !msg.yiaddr().is_unspecified() {
+        e = e.ip(std::net::IpAddr::V4(msg.yiaddr()));
     }
-    if let Some(k) = r.machine {
+    if let Some(k) = machine {
         e = e.machine(k);
     }
     events.record(e);

@@ -201,7 +201,26 @@ impl std::fmt::Display for Kind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// An event's text made by the writer rather than where the event
+/// happened: the DHCP thread hands over its reply's parts (one allocation)
+/// and the writer, at the lowest CPU priority, formats them; an OFFER
+/// folded into its ACK ([`fold_offers`]) is never formatted at all.
+pub trait Text: Send + Sync + std::fmt::Debug {
+    /// The message, and the fields as a JSON object (see [`fields_json`]).
+    fn render(&self) -> (String, Option<String>);
+}
+
+/// `fields` as the event's JSON text. Should they not serialise, the
+/// reason is kept in their place and the log says so: an event is never
+/// silently stripped.
+pub fn fields_json<T: serde::Serialize>(kind: Kind, fields: &T) -> String {
+    serde_json::to_string(fields).unwrap_or_else(|e| {
+        tracing::warn!(%kind, error = %e, "event fields do not serialise");
+        serde_json::json!({ "fields_error": e.to_string() }).to_string()
+    })
+}
+
+#[derive(Debug, Clone)]
 pub struct Event {
     pub ts_ms: i64,
     pub machine: Option<Key>,
@@ -215,6 +234,8 @@ pub struct Event {
     /// The DHCP transaction id a reply answered: an OFFER and the ACK of
     /// the same client's REQUEST share it ([`fold_offers`]). Not stored.
     pub xid: Option<u32>,
+    /// The message and fields still to be made ([`Event::render`]).
+    pub text: Option<Arc<dyn Text>>,
 }
 
 impl Event {
@@ -228,6 +249,21 @@ impl Event {
             message: message.into(),
             fields: None,
             xid: None,
+            text: None,
+        }
+    }
+
+    /// An event whose message and fields `text` makes when it is written.
+    pub fn later(kind: Kind, text: Arc<dyn Text>) -> Self {
+        let mut e = Event::new(kind, String::new());
+        e.text = Some(text);
+        e
+    }
+
+    /// Make the message and fields of an event created with [`Event::later`].
+    pub fn render(&mut self) {
+        if let Some(t) = self.text.take() {
+            (self.message, self.fields) = t.render();
         }
     }
 
@@ -256,10 +292,7 @@ impl Event {
     /// not serialise, the event keeps the reason in their place and the log
     /// says so: an event is never silently stripped.
     pub fn fields<T: serde::Serialize>(mut self, fields: T) -> Self {
-        self.fields = Some(serde_json::to_string(&fields).unwrap_or_else(|e| {
-            tracing::warn!(kind = %self.kind, error = %e, "event fields do not serialise");
-            serde_json::json!({ "fields_error": e.to_string() }).to_string()
-        }));
+        self.fields = Some(fields_json(self.kind, &fields));
         self
     }
 }
@@ -400,6 +433,7 @@ pub fn fold_offers(buf: &mut Vec<Event>) {
                 }
                 let before = (buf[i].ts_ms - buf[j].ts_ms).max(0);
                 let ack = &mut buf[i];
+                ack.render();
                 {
                     use std::fmt::Write;
                     let _ = write!(ack.message, " (offered {before} ms before)");
@@ -563,6 +597,7 @@ pub async fn writer(
                     }
                 }
                 fold_offers(&mut buf);
+                buf.iter_mut().for_each(Event::render);
                 let n = buf.len();
                 let due = trimmer.count(&buf);
                 match log.insert(&buf, &due, per_machine).await {
@@ -849,6 +884,40 @@ mod tests {
         assert_eq!(buf[9].message, "no fields (offered 2 ms before)");
         assert_eq!(buf[10].fields, None);
         assert_eq!(buf[10].message, "no fields");
+    }
+
+    /// Text that counts how often it was made.
+    #[derive(Debug)]
+    struct Counted(&'static str, std::sync::atomic::AtomicUsize);
+
+    impl Text for Counted {
+        fn render(&self) -> (String, Option<String>) {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            (self.0.to_string(), Some(format!(r#"{{"m":"{}"}}"#, self.0)))
+        }
+    }
+
+    #[test]
+    fn a_folded_offer_is_never_formatted_and_its_ack_once() {
+        let offer = Arc::new(Counted("offer", 0.into()));
+        let ack = Arc::new(Counted("ack", 0.into()));
+        let mac = Mac([2, 0, 0, 0, 0, 1]);
+        let mut buf = vec![
+            Event::later(Kind::DhcpOffer, offer.clone()).mac(mac).xid(3),
+            Event::later(Kind::DhcpAck, ack.clone()).mac(mac).xid(3),
+        ];
+        buf[1].ts_ms = buf[0].ts_ms + 4;
+        fold_offers(&mut buf);
+        buf.iter_mut().for_each(Event::render);
+        assert_eq!(buf.len(), 1);
+        assert_eq!(buf[0].message, "ack (offered 4 ms before)");
+        assert_eq!(
+            buf[0].fields.as_deref(),
+            Some(r#"{"m":"ack","offered_ms_before":4}"#)
+        );
+        assert_eq!(offer.1.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(ack.1.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert!(buf[0].text.is_none());
     }
 
     #[test]
