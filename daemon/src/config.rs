@@ -316,6 +316,12 @@ pub struct DhcpConfig {
     /// [`DHCP_AUTO_THREADS_MAX`]); see [`DhcpConfig::threads`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
+    /// Under load, the longest the socket's reader lets requests gather
+    /// before it reads and answers them all at once (`dhcp::server::Pace`):
+    /// less CPU per request for this much more latency at most. "0s":
+    /// never, a wake-up for each request.
+    #[serde(with = "human_duration")]
+    pub gather: Duration,
 }
 
 /// The most DHCP threads chosen when `dhcp.threads` is unset.
@@ -516,6 +522,7 @@ impl Default for DhcpConfig {
             interface: None,
             efi_binary: "ipxe.efi".into(),
             threads: None,
+            gather: crate::dhcp::server::GATHER,
         }
     }
 }
@@ -1159,6 +1166,7 @@ mod tests {
                 interface: Some("br-test".into()),
                 efi_binary: "snponly.efi".into(),
                 threads: Some(3),
+                gather: Duration::from_micros(300),
             },
             tftp: TftpConfig {
                 enabled: false,

@@ -575,6 +575,7 @@ async fn start_dhcp(
             events: app.events.clone(),
             metrics: app.metrics.clone(),
             pool,
+            gather: config.dhcp.gather,
         });
         // One thread reads the socket; the others help only when it finds
         // a backlog (dhcp::server::Crew).

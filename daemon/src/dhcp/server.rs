@@ -71,22 +71,27 @@ pub struct Shell {
     pub metrics: Arc<Metrics>,
     /// Reservation mode with a discovery pool: where unknown MACs go.
     pub pool: Option<super::discovery::Handoff>,
+    /// The longest a gather lasts under load ([`Pace`]).
+    pub gather: Duration,
 }
 
 /// Requests read, and replies sent, per system call at most.
 const BATCH: usize = 32;
 
 /// Under load, the longest the reader lets requests gather before it reads
-/// them all in one call ([`Pace`]): at 6,000 DORA/s about six. 250 us
-/// (three) cost 37 us of CPU per DORA there, 500 us 28 (perfdhcp,
-/// BENCHMARKS.md), for up to half a millisecond more latency at rates
-/// where a DHCP client waits seconds between retries anyway.
-const GATHER: Duration = Duration::from_micros(500);
+/// them all in one call ([`Pace`]; `[dhcp] gather`): at 6,000 DORA/s about
+/// nine. On the 2-vCPU VM of BENCHMARKS.md a thread's sleep and wake-up
+/// cost 14-20 us of CPU, so at that rate 250 us cost 37 us of CPU per
+/// DORA, 500 us 23-25.6 and 750 us 18.8-20.7 (perfdhcp), for a reply p99
+/// of 0.40, 0.7 and ~1.0 ms: up to 0.75 ms more latency at rates where a
+/// DHCP client waits seconds between retries anyway.
+pub const GATHER: Duration = Duration::from_micros(750);
 
 /// Requests a gather waits for at the measured rate (when that takes less
 /// than [`GATHER`]): at high rates the wait shrinks and the batch does
-/// not, so latency stays low where the rate is bounded by it.
-const GATHER_BATCH: u64 = 8;
+/// not, so latency stays low where the rate is bounded by it (12: 0.5 ms
+/// at 12,000 DORA/s).
+const GATHER_BATCH: u64 = 12;
 
 /// The shortest gather: below this a sleep costs as much as it saves.
 const GATHER_MIN: Duration = Duration::from_micros(40);
@@ -122,15 +127,18 @@ pub(crate) struct Pace {
     count: u64,
     /// Requests a second over the last whole window.
     per_s: u64,
+    /// The longest gather (`[dhcp] gather`); zero: never gather.
+    max: Duration,
 }
 
 impl Pace {
-    pub(crate) fn new(now: Instant) -> Pace {
+    pub(crate) fn new(now: Instant, max: Duration) -> Pace {
         Pace {
             gathering: false,
             since: now,
             count: 0,
             per_s: 0,
+            max,
         }
     }
 
@@ -141,14 +149,14 @@ impl Pace {
             return None;
         }
         let us = GATHER_BATCH.saturating_mul(1_000_000) / self.per_s.max(1);
-        Some(Duration::from_micros(us).clamp(GATHER_MIN, GATHER))
+        Some(Duration::from_micros(us).clamp(GATHER_MIN.min(self.max), self.max))
     }
 
     /// A read returned `n` requests at `now`.
     pub(crate) fn saw(&mut self, n: usize, now: Instant) {
         if n == 0 && self.gathering {
             // Nothing came in a whole gather: the load is over.
-            *self = Pace::new(now);
+            *self = Pace::new(now, self.max);
             return;
         }
         self.count += n as u64;
@@ -157,7 +165,7 @@ impl Pace {
             return;
         }
         self.per_s = self.count.saturating_mul(1_000_000) / (took.as_micros().max(1) as u64);
-        if self.per_s >= GATHER_FROM {
+        if self.per_s >= GATHER_FROM && !self.max.is_zero() {
             self.gathering = true;
         } else if self.per_s < GATHER_UNTIL {
             self.gathering = false;
@@ -298,7 +306,7 @@ impl Shell {
 
     fn read(&self, sock: &UdpSocket, port: Port, crew: &Crew, stop: &AtomicBool) {
         let mut w = Worker::new();
-        let mut pace = Pace::new(Instant::now());
+        let mut pace = Pace::new(Instant::now(), self.gather);
         // Best effort: without it a gather only ends a little later.
         let _ = nix::sys::prctl::set_timerslack(TIMER_SLACK_NS as _);
         let mut backlog = false;
@@ -601,7 +609,7 @@ mod tests {
     fn pace_gathers_under_load_only() {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
-        let mut p = Pace::new(t0);
+        let mut p = Pace::new(t0, GATHER);
         // 4,000/s: a request every 250 us, read one by one.
         for i in 1..=400u64 {
             p.saw(1, t0 + Duration::from_micros(250 * i));
@@ -612,7 +620,7 @@ mod tests {
         p.saw(60, ms(106));
         assert!(p.gather().is_none(), "a window has not passed: {p:?}");
         p.saw(40, ms(110));
-        // 8 requests at 10,000/s take 800 us: the gather is the longest.
+        // 12 requests at 10,000/s take 1.2 ms: the gather is the longest.
         assert_eq!(p.gather(), Some(GATHER), "{p:?}");
         // 5,000/s: between the thresholds, it keeps gathering.
         p.saw(25, ms(115));
@@ -623,11 +631,11 @@ mod tests {
         assert!(p.gather().is_none(), "{p:?}");
         // Up again, then a gather that finds nothing ends it at once.
         p.saw(200, ms(142));
-        // 200 in 11 ms: 8 of them in 440 us.
-        assert_eq!(p.gather(), Some(Duration::from_micros(440)));
-        // 80,000/s: 8 in 100 us; 400,000/s: the shortest.
+        // 200 in 11 ms: 12 of them in 660 us.
+        assert_eq!(p.gather(), Some(Duration::from_micros(660)));
+        // 80,000/s: 12 in 150 us; 400,000/s: the shortest.
         p.saw(800, ms(152));
-        assert_eq!(p.gather(), Some(Duration::from_micros(100)));
+        assert_eq!(p.gather(), Some(Duration::from_micros(150)));
         p.saw(4000, ms(162));
         assert_eq!(p.gather(), Some(GATHER_MIN));
         p.saw(0, ms(163));
@@ -635,6 +643,26 @@ mod tests {
         // Idle for a long time, then one request: still blocking.
         p.saw(1, ms(60_000));
         assert!(p.gather().is_none());
+    }
+
+    /// `[dhcp] gather` bounds every gather; "0s" never gathers.
+    #[test]
+    fn pace_gathers_at_most_as_configured() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let short = Duration::from_micros(300);
+        let mut p = Pace::new(t0, short);
+        p.saw(100, ms(10));
+        assert_eq!(p.gather(), Some(short), "{p:?}");
+        p.saw(0, ms(11));
+        // The reset keeps the bound.
+        p.saw(100, ms(21));
+        assert_eq!(p.gather(), Some(short), "{p:?}");
+        let mut off = Pace::new(t0, Duration::ZERO);
+        for i in 1..=10 {
+            off.saw(4000, ms(10 * i));
+            assert!(off.gather().is_none(), "{off:?}");
+        }
     }
 
     /// The crew's bell: a call wakes a waiting helper once; no call times out.

@@ -75,8 +75,9 @@ const MACHINE_EVENTS: &str = concat!(
     " LIMIT ?4"
 );
 
-/// Rows per multi-row event INSERT, largest first (8 binds a row).
-const EVENT_CHUNKS: [usize; 8] = [128, 64, 32, 16, 8, 4, 2, 1];
+/// Rows per multi-row event INSERT, largest first (8 binds a row; SQLite
+/// takes 32,766): each statement is a round trip to sqlx's SQLite thread.
+const EVENT_CHUNKS: [usize; 10] = [512, 256, 128, 64, 32, 16, 8, 4, 2, 1];
 
 fn rfc3339(ts_ms: i64) -> String {
     let time = UNIX_EPOCH + Duration::from_millis(ts_ms.max(0) as u64);
