@@ -1,8 +1,8 @@
 //! The event log's database: `events.db` beside the store's file, with its
-//! own migrations (`migrations/events/`). Its writing connection's SQLite
-//! thread runs at the lowest CPU priority ([`crate::priority`]); readers
-//! have their own connections at normal priority, and a WAL reader never
-//! waits for the writer. Apart from the store, its transactions never hold
+//! own migrations (`migrations/events/`). Its one writing connection is
+//! called on the event writer's thread, at the lowest CPU priority
+//! ([`crate::priority`]); readers have their own connections at normal
+//! priority, and a WAL reader never waits for the writer. Apart from the store, its transactions never hold
 //! the write lock an API change waits for, and it may lose its last commits
 //! to a power cut (`synchronous = NORMAL`, still consistent), never the
 //! store's.
@@ -32,6 +32,8 @@ pub enum Error {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("event log: {0}")]
     Io(#[from] std::io::Error),
+    #[error("event log: {0}")]
+    Write(#[from] rusqlite::Error),
 }
 
 /// The buckets of 8192 ids the per-machine event index leads with
@@ -74,10 +76,6 @@ const MACHINE_EVENTS: &str = concat!(
     machine_events!("e.id, e.ts_ms, e.namespace, e.name, e.mac, e.ip, e.kind, e.message, e.fields"),
     " LIMIT ?4"
 );
-
-/// Rows per multi-row event INSERT, largest first (8 binds a row; SQLite
-/// takes 32,766): each statement is a round trip to sqlx's SQLite thread.
-const EVENT_CHUNKS: [usize; 10] = [512, 256, 128, 64, 32, 16, 8, 4, 2, 1];
 
 fn rfc3339(ts_ms: i64) -> String {
     let time = UNIX_EPOCH + Duration::from_millis(ts_ms.max(0) as u64);
@@ -150,42 +148,21 @@ const WAL_AUTOCHECKPOINT: u32 = 10_000;
 /// the kernel went away with it). It fills only under event load.
 const EVENTS_CACHE_KIB: u32 = 32 * 1024;
 
-/// A pool of one connection whose SQLite thread runs at the lowest CPU
-/// priority ([`crate::priority::lower_this_thread`]). sqlx gives no hook into the thread it
-/// starts for a connection, but a thread inherits its creator's policy and
-/// nice value, so the connection is opened from a short-lived thread that
-/// lowered itself first. The pool never drops an idle connection, so the
-/// thread lasts; should sqlx ever reopen it after an error, it runs at
-/// normal priority.
-async fn background_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, Error> {
-    let rt = tokio::runtime::Handle::current();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("store-open".into())
-        .spawn(move || {
-            crate::priority::lower_this_thread();
-            let pool = rt.block_on(
-                SqlitePoolOptions::new()
-                    .max_connections(1)
-                    .idle_timeout(None)
-                    .max_lifetime(None)
-                    .acquire_timeout(Duration::from_secs(10))
-                    .connect_with(opts),
-            );
-            let _ = tx.send(pool);
-        })?;
-    let pool = rx
-        .await
-        .map_err(|_| std::io::Error::other("opening the event log's connection failed"))??;
-    Ok(pool)
-}
-
 /// The event log's connections.
+///
+/// Writes go through rusqlite, on the caller's thread (the event writer's,
+/// at the lowest CPU priority), not through sqlx: sqlx runs each statement
+/// on a SQLite thread of its own, reached through a channel, and copies
+/// every bound value into an owned argument first. For a log that takes a
+/// row per DORA that was most of its cost: at 6,000 DORA/s the sqlx
+/// thread and the writer spent ~7 us of CPU per row (profile, BENCHMARKS.md
+/// "CPU per DORA at fixed rates"), SQLite's own insert ~2. Reads, and the
+/// migrations, stay on sqlx like the rest of the store.
 #[derive(Clone)]
 pub struct EventLog {
-    /// The writing connection, whose SQLite thread runs at the lowest CPU
-    /// priority (see [`background_pool`]).
-    write: SqlitePool,
+    /// The one writing connection; its statements run on the thread that
+    /// calls [`EventLog::insert`], [`EventLog::trim_all`], [`EventLog::expire`].
+    write: std::sync::Arc<std::sync::Mutex<rusqlite::Connection>>,
     /// Readers, at normal priority: a WAL reader never waits for the
     /// writer, which on a busy host may be starved.
     read: SqlitePool,
@@ -201,32 +178,41 @@ impl EventLog {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(5))
             .pragma("wal_autocheckpoint", WAL_AUTOCHECKPOINT.to_string());
-        let write = background_pool(
-            opts.clone()
-                .pragma("cache_size", format!("-{EVENTS_CACHE_KIB}"))
-                .pragma("temp_store", "memory"),
-        )
-        .await?;
-        crate::store::migrate(&MIGRATOR, &write, path)
+        let read = SqlitePoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(opts)
+            .await?;
+        crate::store::migrate(&MIGRATOR, &read, path)
             .await
             .map_err(|e| match e {
                 crate::store::MigrateFailed::Db(e) => Error::Db(e),
                 crate::store::MigrateFailed::Migrate(e) => Error::Migrate(e),
                 crate::store::MigrateFailed::Outdated(m) => Error::Io(std::io::Error::other(m)),
             })?;
-        let read = SqlitePoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(opts)
-            .await?;
+        let write = rusqlite::Connection::open(path)?;
+        write.busy_timeout(Duration::from_secs(5))?;
+        write.execute_batch(&format!(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;
+             PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT};
+             PRAGMA cache_size = -{EVENTS_CACHE_KIB}; PRAGMA temp_store = MEMORY;"
+        ))?;
         // The log names machines and addresses: owner only, whatever the umask.
         crate::store::owner_only(path)?;
-        Ok(EventLog { write, read })
+        Ok(EventLog {
+            write: std::sync::Arc::new(std::sync::Mutex::new(write)),
+            read,
+        })
     }
 
     pub async fn close(&self) {
         self.read.close().await;
-        self.write.close().await;
+    }
+
+    /// The writing connection (a panic elsewhere while it was held leaves
+    /// it usable: every write is one transaction, rolled back if unfinished).
+    fn writer(&self) -> std::sync::MutexGuard<'_, rusqlite::Connection> {
+        self.write.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Append a batch of events in one transaction, then trim the given
@@ -234,79 +220,68 @@ impl EventLog {
     /// newest rows. Which machines need trimming is the caller's choice
     /// (see [`crate::events::writer`]). Returns the last row's id: the
     /// one writer appends, so the batch has the ids just before it.
-    pub async fn insert(
+    pub fn insert(
         &self,
         batch: &[Event],
         trim: &[Option<Key>],
         per_machine: u32,
     ) -> Result<i64, Error> {
-        let mut tx = self.write.begin_with("BEGIN IMMEDIATE").await?;
-        // Multi-row INSERTs, in chunks of power-of-two sizes so that a few
-        // prepared statements (cached per connection) serve every batch.
-        let mut rest = batch;
-        while !rest.is_empty() {
-            let n = EVENT_CHUNKS
-                .iter()
-                .copied()
-                .find(|&c| c <= rest.len())
-                .unwrap_or(1);
-            let (chunk, tail) = rest.split_at(n);
-            rest = tail;
-            let mut q = sqlx::QueryBuilder::new(
-                "INSERT INTO events (ts_ms, namespace, name, mac, ip, kind, message, fields) ",
-            );
-            q.push_values(chunk, |mut b, e| {
+        let mut db = self.writer();
+        let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        {
+            let mut add = tx.prepare_cached(
+                "INSERT INTO events (ts_ms, namespace, name, mac, ip, kind, message, fields)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?;
+            for e in batch {
                 let (ns, name) = match &e.machine {
                     Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
                     None => (None, None),
                 };
-                b.push_bind(e.ts_ms)
-                    .push_bind(ns)
-                    .push_bind(name)
-                    .push_bind(e.mac.map(|m| m.to_string()))
-                    .push_bind(e.ip.map(|i| i.to_string()))
-                    .push_bind(e.kind.as_str())
-                    .push_bind(e.message.as_str())
-                    .push_bind(e.fields.as_deref());
-            });
-            q.build().persistent(true).execute(&mut *tx).await?;
+                add.execute(rusqlite::params![
+                    e.ts_ms,
+                    ns,
+                    name,
+                    e.mac.map(|m| m.to_string()),
+                    e.ip.map(|i| i.to_string()),
+                    e.kind.as_str(),
+                    e.message.as_str(),
+                    e.fields.as_deref(),
+                ])?;
+            }
+            let mut trim_one = tx.prepare_cached(TRIM_MACHINE)?;
+            for k in trim {
+                let (ns, name) = match k {
+                    Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
+                    None => (None, None),
+                };
+                trim_one.execute(rusqlite::params![ns, name, 0i64, per_machine as i64])?;
+            }
         }
-        let last: i64 = sqlx::query_scalar("SELECT last_insert_rowid()")
-            .fetch_one(&mut *tx)
-            .await?;
-        for k in trim {
-            let (ns, name) = match k {
-                Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
-                None => (None, None),
-            };
-            sqlx::query(TRIM_MACHINE)
-                .bind(ns)
-                .bind(name)
-                .bind(0i64)
-                .bind(per_machine as i64)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
+        // The one writer appends: the batch has the ids just before this.
+        let last = if batch.is_empty() {
+            tx.query_row("SELECT coalesce(max(id), 0) FROM events", [], |r| r.get(0))?
+        } else {
+            tx.last_insert_rowid()
+        };
+        tx.commit()?;
         Ok(last)
     }
 
     /// Trim every machine's events (and those naming none) to the
     /// `per_machine` newest; returns how many went. One pass over the table,
     /// for start-up.
-    pub async fn trim_all(&self, per_machine: u32) -> Result<u64, Error> {
-        let r = sqlx::query(
+    pub fn trim_all(&self, per_machine: u32) -> Result<u64, Error> {
+        let n = self.writer().execute(
             "DELETE FROM events WHERE id IN (
                SELECT id FROM (
                  SELECT id, row_number() OVER (
                    PARTITION BY namespace, name ORDER BY id DESC) AS n
                  FROM events)
                WHERE n > ?1)",
-        )
-        .bind(per_machine as i64)
-        .execute(&self.write)
-        .await?;
-        Ok(r.rows_affected())
+            [per_machine as i64],
+        )?;
+        Ok(n as u64)
     }
 
     /// Delete events older than `max_age`; returns how many went.
@@ -317,17 +292,15 @@ impl EventLog {
     /// being deleted anyway). No index on `ts_ms` is needed, which would
     /// cost every insert a third B-tree write. After a clock step back a
     /// few events may stay a little longer than `max_age`.
-    pub async fn expire(&self, max_age: Duration) -> Result<u64, Error> {
+    pub fn expire(&self, max_age: Duration) -> Result<u64, Error> {
         let cutoff = now_ms() - max_age.as_millis() as i64;
-        let r = sqlx::query(
+        let n = self.writer().execute(
             "DELETE FROM events WHERE id < COALESCE(
                 (SELECT id FROM events WHERE ts_ms >= ?1 ORDER BY id LIMIT 1),
                 (SELECT max(id) + 1 FROM events))",
-        )
-        .bind(cutoff)
-        .execute(&self.write)
-        .await?;
-        Ok(r.rows_affected())
+            [cutoff],
+        )?;
+        Ok(n as u64)
     }
 
     /// The newest `limit` events matching, oldest first.
@@ -382,29 +355,12 @@ mod tests {
         EventLog::open(&dir.path().join(FILE)).await.unwrap()
     }
 
-    /// (comm, nice, scheduling policy) of this process's threads.
-    fn threads() -> Vec<(String, i64, i64)> {
-        let mut out = Vec::new();
-        for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-            let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
-                continue; // gone meanwhile
-            };
-            let (head, rest) = stat.rsplit_once(')').unwrap();
-            let comm = head.split_once('(').unwrap().1.to_string();
-            // Fields after the comm start at field 3 (state); nice is 19,
-            // policy 41.
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            out.push((comm, f[16].parse().unwrap(), f[38].parse().unwrap()));
-        }
-        out
-    }
-
     #[tokio::test]
     async fn connections_have_the_long_wal_and_the_writer_its_cache() {
         let dir = tempfile::tempdir().unwrap();
         let log = open(&dir).await;
-        let q = |pool: &SqlitePool, pragma: &'static str| {
-            let pool = pool.clone();
+        let read = |pragma: &'static str| {
+            let pool = log.read.clone();
             async move {
                 sqlx::query_scalar::<_, i64>(pragma)
                     .fetch_one(&pool)
@@ -412,23 +368,27 @@ mod tests {
                     .unwrap()
             }
         };
-        for pool in [&log.write, &log.read] {
-            assert_eq!(
-                q(pool, "PRAGMA wal_autocheckpoint").await,
-                WAL_AUTOCHECKPOINT as i64
-            );
+        let write =
+            |pragma: &str| -> i64 { log.writer().query_row(pragma, [], |r| r.get(0)).unwrap() };
+        for pragma in ["PRAGMA wal_autocheckpoint", "PRAGMA synchronous"] {
             // NORMAL (1): the log may lose its last commits to a power cut.
-            assert_eq!(q(pool, "PRAGMA synchronous").await, 1);
+            let want = if pragma.ends_with("synchronous") {
+                1
+            } else {
+                WAL_AUTOCHECKPOINT as i64
+            };
+            assert_eq!(read(pragma).await, want, "{pragma}");
+            assert_eq!(write(pragma), want, "{pragma}");
         }
-        assert_eq!(
-            q(&log.write, "PRAGMA cache_size").await,
-            -(EVENTS_CACHE_KIB as i64)
-        );
-        assert_eq!(q(&log.write, "PRAGMA temp_store").await, 2);
-        assert_ne!(
-            q(&log.read, "PRAGMA cache_size").await,
-            -(EVENTS_CACHE_KIB as i64)
-        );
+        let journal: String = log
+            .writer()
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(journal, "wal");
+        assert_eq!(write("PRAGMA busy_timeout"), 5000);
+        assert_eq!(write("PRAGMA cache_size"), -(EVENTS_CACHE_KIB as i64));
+        assert_eq!(write("PRAGMA temp_store"), 2);
+        assert_ne!(read("PRAGMA cache_size").await, -(EVENTS_CACHE_KIB as i64));
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join(FILE))
             .unwrap()
@@ -438,54 +398,36 @@ mod tests {
         log.close().await;
     }
 
+    /// A write that fails (here: the table is gone) is an error for the
+    /// caller, and leaves the connection usable (the transaction rolled
+    /// back), so the writer's next batch goes in.
     #[tokio::test]
-    async fn event_log_sqlite_thread_runs_below_the_rest() {
+    async fn a_failed_write_rolls_back_and_the_next_goes_in() {
         let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir).await;
-        store
-            .insert(&[Event::new(Kind::Test, "x")], &[], 10)
-            .await
+        let log = open(&dir).await;
+        log.writer()
+            .execute_batch("ALTER TABLE events RENAME TO moved")
             .unwrap();
-        let sqlite: Vec<(i64, i64)> = threads()
-            .into_iter()
-            .filter(|(c, _, _)| c.starts_with("sqlx-sqlite"))
-            .map(|(_, n, p)| (n, p))
-            .collect();
-        // One writer under SCHED_IDLE and BACKGROUND_NICE below us; the
-        // readers at our priority.
-        let ours = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-        let ours: i64 = ours
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .nth(16)
-            .unwrap()
-            .parse()
+        let err = log
+            .insert(&[Event::new(Kind::Test, "lost")], &[], 10)
+            .unwrap_err();
+        assert!(err.to_string().contains("no such table"), "{err}");
+        log.writer()
+            .execute_batch("ALTER TABLE moved RENAME TO events")
             .unwrap();
-        let low = (ours + crate::priority::BACKGROUND_NICE as i64).min(19);
-        assert_eq!(
-            sqlite
-                .iter()
-                .filter(|&&t| t == (low, crate::priority::SCHED_IDLE))
-                .count(),
-            1,
-            "{sqlite:?}"
-        );
-        store
+        let last = log
+            .insert(&[Event::new(Kind::Test, "kept")], &[], 10)
+            .unwrap();
+        let rows = log
             .query(&EventQuery {
-                limit: 1,
+                limit: 10,
                 ..Default::default()
             })
             .await
             .unwrap();
-        let sqlite: Vec<(i64, i64)> = threads()
-            .into_iter()
-            .filter(|(c, _, _)| c.starts_with("sqlx-sqlite"))
-            .map(|(_, n, p)| (n, p))
-            .collect();
-        assert!(sqlite.contains(&(ours, 0)), "{sqlite:?}");
-        store.close().await;
+        assert_eq!(rows.len(), 1);
+        assert_eq!((rows[0].id, rows[0].message.as_str()), (last, "kept"));
+        log.close().await;
     }
 
     #[tokio::test]
@@ -498,16 +440,16 @@ mod tests {
             ..Event::new(Kind::Test, format!("e{i}"))
         };
         // Nothing to expire in an empty log.
-        assert_eq!(store.expire(Duration::from_secs(60)).await.unwrap(), 0);
+        assert_eq!(store.expire(Duration::from_secs(60)).unwrap(), 0);
         let old: Vec<Event> = (0..5).map(|i| ev(3600, i)).collect();
-        store.insert(&old, &[], 1000).await.unwrap();
+        store.insert(&old, &[], 1000).unwrap();
         // All old: all go.
-        assert_eq!(store.expire(Duration::from_secs(60)).await.unwrap(), 5);
+        assert_eq!(store.expire(Duration::from_secs(60)).unwrap(), 5);
         let mixed: Vec<Event> = (0..10)
             .map(|i| ev(if i < 4 { 3600 } else { 5 }, i))
             .collect();
-        store.insert(&mixed, &[], 1000).await.unwrap();
-        assert_eq!(store.expire(Duration::from_secs(60)).await.unwrap(), 4);
+        store.insert(&mixed, &[], 1000).unwrap();
+        assert_eq!(store.expire(Duration::from_secs(60)).unwrap(), 4);
         let left = store
             .query(&EventQuery {
                 machine: None,
@@ -519,7 +461,7 @@ mod tests {
         let msgs: Vec<&str> = left.iter().map(|e| e.message.as_str()).collect();
         assert_eq!(msgs, ["e4", "e5", "e6", "e7", "e8", "e9"]);
         // Nothing is old any more.
-        assert_eq!(store.expire(Duration::from_secs(60)).await.unwrap(), 0);
+        assert_eq!(store.expire(Duration::from_secs(60)).unwrap(), 0);
     }
 
     #[tokio::test]
@@ -539,7 +481,7 @@ mod tests {
                 }
             })
             .collect();
-        store.insert(&batch, &[], 1000).await.unwrap();
+        store.insert(&batch, &[], 1000).unwrap();
         let read = |after: Option<i64>, limit: u32| {
             let store = store.clone();
             let a = a.clone();
@@ -564,10 +506,7 @@ mod tests {
         assert!(read(Some(20_000), 100).await.is_empty());
         // Trim a (and the events naming none) to 4: the oldest go, from
         // every bucket; b keeps all of its.
-        store
-            .insert(&[], &[Some(a.clone()), None], 4)
-            .await
-            .unwrap();
+        store.insert(&[], &[Some(a.clone()), None], 4).unwrap();
         assert_eq!(read(None, 100).await, [17_000, 18_000, 19_000, 20_000]);
         let total: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
             .fetch_one(&store.read)

@@ -527,9 +527,10 @@ impl Trimmer {
     }
 }
 
-/// Runs [`writer`] on a thread of its own, at the lowest CPU priority like
-/// the event log's SQLite thread ([`crate::priority::lower_this_thread`]),
-/// with a runtime of its own; the receiver yields when it has finished.
+/// Runs [`writer`] on a thread of its own, at the lowest CPU priority
+/// ([`crate::priority::lower_this_thread`]), with a runtime of its own;
+/// the receiver yields when it has finished. The log's SQLite work runs on
+/// this thread too ([`EventLog::insert`] is a blocking call).
 /// On the shared runtime its batches (the SQL built and bound for a
 /// transaction every 100-250 ms under load) took time slices on equal terms
 /// with the DHCP thread, and a reply then waited behind them. Measured
@@ -602,7 +603,7 @@ pub async fn writer(
                 buf.iter_mut().for_each(Event::render);
                 let n = buf.len();
                 let due = trimmer.count(&buf);
-                match log.insert(&buf, &due, per_machine).await {
+                match log.insert(&buf, &due, per_machine) {
                     Ok(last) => {
                         metrics.events_written.inc_by(n as u64);
                         gather.add(&feed, last, &buf);
@@ -622,7 +623,7 @@ pub async fn writer(
                 gather.publish(&feed);
             }
             _ = expire.tick() => {
-                match log.expire(max_age).await {
+                match log.expire(max_age) {
                     Ok(n) if n > 0 => tracing::info!(deleted = n, "expired old events"),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "expiring events failed"),
@@ -636,7 +637,7 @@ pub async fn writer(
 }
 
 async fn trim_all(log: &EventLog, per_machine: u32) {
-    match log.trim_all(per_machine).await {
+    match log.trim_all(per_machine) {
         Ok(n) if n > 0 => tracing::info!(deleted = n, "trimmed events"),
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "trimming events failed"),
@@ -978,7 +979,7 @@ mod tests {
         for i in 0..(3 * SLACK as usize + 5) {
             let batch = [ev(Some(&k), i)];
             let due = t.count(&batch);
-            store.insert(&batch, &due, per).await.unwrap();
+            store.insert(&batch, &due, per).unwrap();
             let n = count(&store, &k).await;
             if !due.is_empty() {
                 assert_eq!(n, per as usize, "trimmed to per_machine");
@@ -988,7 +989,7 @@ mod tests {
         assert_eq!(max, (per + SLACK - 1) as usize);
         // What a stopped writer leaves untrimmed, start-up trims.
         assert!(count(&store, &k).await > per as usize);
-        store.trim_all(per).await.unwrap();
+        store.trim_all(per).unwrap();
         assert_eq!(count(&store, &k).await, per as usize);
     }
 
@@ -1005,7 +1006,7 @@ mod tests {
                     .fields(serde_json::json!({"i": i}))
             })
             .collect();
-        store.insert(&batch, &[], 1000).await.unwrap();
+        store.insert(&batch, &[], 1000).unwrap();
         let rows = store
             .query(&EventQuery {
                 limit: 1000,
@@ -1033,8 +1034,8 @@ mod tests {
         let batch: Vec<Event> = (0..30)
             .flat_map(|i| [ev(Some(&a), i), ev(Some(&b), i), ev(None, i)])
             .collect();
-        store.insert(&batch, &[], 5).await.unwrap();
-        assert_eq!(store.trim_all(5).await.unwrap(), 75);
+        store.insert(&batch, &[], 5).unwrap();
+        assert_eq!(store.trim_all(5).unwrap(), 75);
         assert_eq!(count(&store, &a).await, 5);
         assert_eq!(count(&store, &b).await, 5);
         let all = store
