@@ -25,10 +25,8 @@ const BATCH: usize = 4096;
 /// machine's DHCP OFFER and ACK, its TFTP and HTTP events, and neighbours
 /// in the index share their pages when they share a transaction. Events
 /// show up this much later; the queue (`events.queue`, 65536 by default)
-/// holds what arrives meanwhile. 250 ms (the live feed's window) rather
-/// than 100: fewer commits and fewer of sqlx's statements, each a
-/// round trip to its SQLite thread (~1 us of CPU per DORA at 6,000/s).
-const LINGER: Duration = Duration::from_millis(250);
+/// holds what arrives meanwhile.
+const LINGER: Duration = Duration::from_millis(100);
 
 /// What an event is about: stored as its dotted name (`dhcp.offer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -532,7 +530,7 @@ impl Trimmer {
 /// the receiver yields when it has finished. The log's SQLite work runs on
 /// this thread too ([`EventLog::insert`] is a blocking call).
 /// On the shared runtime its batches (the SQL built and bound for a
-/// transaction every 100-250 ms under load) took time slices on equal terms
+/// transaction every 100 ms under load) took time slices on equal terms
 /// with the DHCP thread, and a reply then waited behind them. Measured
 /// with the server pinned to one core, 100k machines (BENCHMARKS.md):
 /// median reply p99 at 12000-16000 DORA/s 0.75-0.79 ms before, 0.45-0.51
