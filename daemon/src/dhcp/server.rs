@@ -79,19 +79,23 @@ pub struct Shell {
 const BATCH: usize = 32;
 
 /// Under load, the longest the reader lets requests gather before it reads
-/// them all in one call ([`Pace`]; `[dhcp] gather`): at 6,000 DORA/s about
-/// nine. On the 2-vCPU VM of BENCHMARKS.md a thread's sleep and wake-up
-/// cost 14-20 us of CPU, so at that rate 250 us cost 37 us of CPU per
-/// DORA, 500 us 23-25.6 and 750 us 18.8-20.7 (perfdhcp), for a reply p99
-/// of 0.40, 0.7 and ~1.0 ms: up to 0.75 ms more latency at rates where a
-/// DHCP client waits seconds between retries anyway.
+/// them all in one call ([`Pace`]; `[dhcp] gather`). It bounds the gather
+/// only below ~8,000 DORA/s (16,000 requests a second), where 8 requests
+/// take longer. On the 2-vCPU VM of BENCHMARKS.md a thread's sleep and
+/// wake-up cost 14-20 us of CPU, so at 6,000 DORA/s (perfdhcp) a 250 us
+/// gather cost 37 us of CPU per DORA, 500 us ~22 and this one (667 us
+/// there) 19-21, for a reply p99 of 0.40, 0.7 and 0.86-0.93 ms: at most
+/// 0.75 ms more latency, at rates where a DHCP client waits seconds
+/// between retries anyway.
 pub const GATHER: Duration = Duration::from_micros(750);
 
 /// Requests a gather waits for at the measured rate (when that takes less
 /// than [`GATHER`]): at high rates the wait shrinks and the batch does
-/// not, so latency stays low where the rate is bounded by it (12: 0.5 ms
-/// at 12,000 DORA/s).
-const GATHER_BATCH: u64 = 12;
+/// not, so latency stays low where the rate is bounded by it. With 12
+/// (375 us at 16,000 DORA/s) or 9 (281 us) perfdhcp's PXE path missed
+/// p99 < 1 ms at 16,000 DORA/s, and its best rate with p99 < 1 ms fell
+/// from ~14,000-16,000 to 2,500-2,750; with 8 (250 us) it did not.
+const GATHER_BATCH: u64 = 8;
 
 /// The shortest gather: below this a sleep costs as much as it saves.
 const GATHER_MIN: Duration = Duration::from_micros(40);
@@ -620,7 +624,7 @@ mod tests {
         p.saw(60, ms(106));
         assert!(p.gather().is_none(), "a window has not passed: {p:?}");
         p.saw(40, ms(110));
-        // 12 requests at 10,000/s take 1.2 ms: the gather is the longest.
+        // 8 requests at 10,000/s take 800 us: the gather is the longest.
         assert_eq!(p.gather(), Some(GATHER), "{p:?}");
         // 5,000/s: between the thresholds, it keeps gathering.
         p.saw(25, ms(115));
@@ -631,11 +635,11 @@ mod tests {
         assert!(p.gather().is_none(), "{p:?}");
         // Up again, then a gather that finds nothing ends it at once.
         p.saw(200, ms(142));
-        // 200 in 11 ms: 12 of them in 660 us.
-        assert_eq!(p.gather(), Some(Duration::from_micros(660)));
-        // 80,000/s: 12 in 150 us; 400,000/s: the shortest.
+        // 200 in 11 ms: 8 of them in 440 us.
+        assert_eq!(p.gather(), Some(Duration::from_micros(440)));
+        // 80,000/s: 8 in 100 us; 400,000/s: the shortest.
         p.saw(800, ms(152));
-        assert_eq!(p.gather(), Some(Duration::from_micros(150)));
+        assert_eq!(p.gather(), Some(Duration::from_micros(100)));
         p.saw(4000, ms(162));
         assert_eq!(p.gather(), Some(GATHER_MIN));
         p.saw(0, ms(163));
