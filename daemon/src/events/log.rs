@@ -77,6 +77,14 @@ const MACHINE_EVENTS: &str = concat!(
     " LIMIT ?4"
 );
 
+/// A machine's `namespace` and `name` columns (both NULL for none).
+fn key_columns(k: Option<&Key>) -> (Option<&str>, Option<&str>) {
+    match k {
+        Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
+        None => (None, None),
+    }
+}
+
 fn rfc3339(ts_ms: i64) -> String {
     let time = UNIX_EPOCH + Duration::from_millis(ts_ms.max(0) as u64);
     humantime::format_rfc3339_millis(time).to_string()
@@ -234,10 +242,7 @@ impl EventLog {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )?;
             for e in batch {
-                let (ns, name) = match &e.machine {
-                    Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
-                    None => (None, None),
-                };
+                let (ns, name) = key_columns(e.machine.as_ref());
                 add.execute(rusqlite::params![
                     e.ts_ms,
                     ns,
@@ -251,10 +256,7 @@ impl EventLog {
             }
             let mut trim_one = tx.prepare_cached(TRIM_MACHINE)?;
             for k in trim {
-                let (ns, name) = match k {
-                    Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
-                    None => (None, None),
-                };
+                let (ns, name) = key_columns(k.as_ref());
                 trim_one.execute(rusqlite::params![ns, name, 0i64, per_machine as i64])?;
             }
         }
@@ -305,10 +307,7 @@ impl EventLog {
 
     /// The newest `limit` events matching, oldest first.
     pub async fn query(&self, q: &EventQuery) -> Result<Vec<EventRow>, Error> {
-        let (ns, name) = match &q.machine {
-            Some(k) => (Some(k.namespace.as_str()), Some(k.name.as_str())),
-            None => (None, None),
-        };
+        let (ns, name) = key_columns(q.machine.as_ref());
         // Two statements: with an `OR` on the machine, SQLite would not use
         // the per-machine index for one machine's events.
         let sql = if q.machine.is_some() {

@@ -414,6 +414,7 @@ pub fn channel(queue: usize, metrics: Arc<Metrics>) -> (EventSink, mpsc::Receive
 /// event log (issue 34). An OFFER not taken, or whose ACK falls in the next
 /// batch, keeps its row; of a retried DISCOVER's OFFERs the last is folded.
 pub fn fold_offers(buf: &mut Vec<Event>) {
+    use std::fmt::Write;
     let mut offers: std::collections::HashMap<(Mac, u32), usize> = Default::default();
     let mut gone = Vec::new();
     for i in 0..buf.len() {
@@ -434,10 +435,7 @@ pub fn fold_offers(buf: &mut Vec<Event>) {
                 let before = (buf[i].ts_ms - buf[j].ts_ms).max(0);
                 let ack = &mut buf[i];
                 ack.render();
-                {
-                    use std::fmt::Write;
-                    let _ = write!(ack.message, " (offered {before} ms before)");
-                }
+                let _ = write!(ack.message, " (offered {before} ms before)");
                 if let Some(f) = &mut ack.fields
                     && f.ends_with('}')
                 {
@@ -445,7 +443,6 @@ pub fn fold_offers(buf: &mut Vec<Event>) {
                     if f.len() > 1 {
                         f.push(',');
                     }
-                    use std::fmt::Write;
                     let _ = write!(f, "\"offered_ms_before\":{before}}}");
                 }
                 gone.push(j);
