@@ -196,6 +196,9 @@ fn login_pages_filters_the_live_feed_and_logout() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no after= in the page: {body}"));
 
+    // A list page's stream names machines as namespace/name. (Checked
+    // before the streams start: `get` rewrites the cookie jar they read.)
+    assert_eq!(get(&d, jar, "/ui/stream?machines=db-01").0, "400");
     // The live feed: an event stored while the page listens reaches it.
     let sse = d
         .command("curl")
@@ -214,7 +217,6 @@ fn login_pages_filters_the_live_feed_and_logout() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    assert_eq!(get(&d, jar, "/ui/stream?machines=db-01").0, "400");
     std::thread::sleep(Duration::from_millis(800));
     let f = write_file(
         &d.dir,
