@@ -796,8 +796,7 @@ fn finish(
     let mut kept = codes.len();
     let mut buf = Vec::with_capacity(600);
     loop {
-        buf.clear();
-        let ok = msg.encode(&mut Encoder::new(&mut buf)).is_ok();
+        let ok = encode_into(&msg, &mut buf).is_ok();
         if ok && buf.len() <= o.max {
             wire = Some(buf);
             break;
@@ -853,11 +852,64 @@ pub fn decode(data: &[u8]) -> Option<Message> {
 /// Encode a reply, padded to the BOOTP minimum.
 pub fn encode(m: &Message) -> Result<Vec<u8>, dhcproto::error::EncodeError> {
     let mut buf = Vec::with_capacity(600);
-    m.encode(&mut Encoder::new(&mut buf))?;
+    encode_into(m, &mut buf)?;
     if buf.len() < MIN_BOOTP {
         buf.resize(MIN_BOOTP, 0);
     }
     Ok(buf)
+}
+
+/// A BOOTP message's fixed part, `op` to the magic cookie (RFC 2131 2).
+const BOOTP_HEAD: usize = 240;
+
+/// Encode `m` into `buf` (replacing what it held) as dhcproto's own
+/// `Encodable` does (a test compares the two): the fixed header written
+/// here, the options by dhcproto. Hand-written because dhcproto 0.15 pads
+/// `sname` and `file` (192 bytes) one byte at a time, each a `Vec` push:
+/// 3,300 instructions a reply in callgrind, a sixth of the DHCP thread's
+/// user space. The options, the part with rules, stay dhcproto's.
+fn encode_into(m: &Message, buf: &mut Vec<u8>) -> Result<(), dhcproto::error::EncodeError> {
+    use dhcproto::error::EncodeError;
+    let (sname, file) = (m.sname().unwrap_or_default(), m.fname().unwrap_or_default());
+    if sname.len() > 64 || file.len() > 128 {
+        return Err(EncodeError::StringSizeTooBig {
+            len: sname.len().max(file.len()),
+        });
+    }
+    // chaddr() slices 16 bytes by hlen: only dhcproto's encoder takes a
+    // longer hlen (no reply has one: client_of refuses it).
+    if m.hlen() > 16 {
+        buf.clear();
+        return m.encode(&mut Encoder::new(buf));
+    }
+    let mut head = [0u8; BOOTP_HEAD];
+    head[0] = m.opcode().into();
+    head[1] = m.htype().into();
+    head[2] = m.hlen();
+    head[3] = m.hops();
+    head[4..8].copy_from_slice(&m.xid().to_be_bytes());
+    head[8..10].copy_from_slice(&m.secs().to_be_bytes());
+    head[10..12].copy_from_slice(&u16::from(m.flags()).to_be_bytes());
+    for (i, a) in [m.ciaddr(), m.yiaddr(), m.siaddr(), m.giaddr()]
+        .iter()
+        .enumerate()
+    {
+        head[12 + 4 * i..16 + 4 * i].copy_from_slice(&a.octets());
+    }
+    let chaddr = m.chaddr();
+    head[28..28 + chaddr.len()].copy_from_slice(chaddr);
+    head[44..44 + sname.len()].copy_from_slice(sname);
+    head[108..108 + file.len()].copy_from_slice(file);
+    head[236..].copy_from_slice(&dhcproto::v4::MAGIC);
+    // The options first (dhcproto's encoder writes from the buffer's
+    // start), then moved up behind the header: no second buffer.
+    buf.clear();
+    m.opts().encode(&mut Encoder::new(buf))?;
+    let n = buf.len();
+    buf.resize(n + BOOTP_HEAD, 0);
+    buf.copy_within(0..n, BOOTP_HEAD);
+    buf[..BOOTP_HEAD].copy_from_slice(&head);
+    Ok(())
 }
 
 fn relay_fields(req: &Message) -> Option<RelayFields> {

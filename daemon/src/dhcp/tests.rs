@@ -813,3 +813,53 @@ fn malformed_and_mutated_packets_never_panic() {
     m.set_htype(HType::from(6u8));
     assert_eq!(ignored(respond(&m, Port::Dhcp, &snap, &s)), "not_ethernet");
 }
+
+/// The hand-written header gives dhcproto's own bytes: every mix of empty,
+/// short and full `sname`/`file`, no options and options past any usual
+/// size, odd header fields, into a buffer that held something before.
+#[test]
+fn encode_into_is_dhcprotos_encoding() {
+    use dhcproto::Encodable;
+    // (Longer names cannot be set: dhcproto's setters assert.)
+    let names = [None, Some(b"x".to_vec()), Some(vec![b'a'; 64])];
+    let files = [None, Some(b"ipxe.efi".to_vec()), Some(vec![b'c'; 128])];
+    let chaddrs: [&[u8]; 3] = [&[2, 0, 0, 0, 0, 1], &[], &[0xee; 16]];
+    let mut buf = vec![0xff; 2000];
+    let mut checked = 0;
+    for (i, sname) in names.iter().enumerate() {
+        for (j, file) in files.iter().enumerate() {
+            for opts in 0..3usize {
+                let mut m = Message::default();
+                m.set_opcode(dhcproto::v4::Opcode::BootReply)
+                    .set_htype(dhcproto::v4::HType::Eth)
+                    .set_hops(i as u8 + 1)
+                    .set_xid(0x0102_0304 + (i * 16 + j) as u32)
+                    .set_secs(0xfffe - opts as u16)
+                    .set_flags(Flags::default().set_broadcast())
+                    .set_chaddr(chaddrs[(i + j) % 3])
+                    .set_ciaddr(Ipv4Addr::new(10, 1, i as u8, 1))
+                    .set_yiaddr(Ipv4Addr::new(10, 0, i as u8, j as u8))
+                    .set_siaddr(Ipv4Addr::new(10, 2, 0, opts as u8))
+                    .set_giaddr(Ipv4Addr::new(10, 3, j as u8, 9));
+                if let Some(n) = sname {
+                    m.set_sname(n);
+                }
+                if let Some(f) = file {
+                    m.set_fname(f);
+                }
+                for k in 0..opts * 4 {
+                    m.opts_mut().insert(O::Hostname("h".repeat(200 + k)));
+                    m.opts_mut()
+                        .insert(O::Router(vec![Ipv4Addr::new(10, 0, 0, k as u8)]));
+                    m.opts_mut().insert(O::BootfileName(vec![b'f'; 250]));
+                    m.opts_mut().insert(O::DomainName(format!("d{k}.example")));
+                }
+                let want = m.to_vec().unwrap();
+                encode_into(&m, &mut buf).unwrap();
+                assert_eq!(want, buf, "sname {i}, file {j}, opts {opts}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 3 * 3 * 3);
+}
