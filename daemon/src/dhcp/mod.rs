@@ -716,17 +716,17 @@ fn boot_options(
 
 /// Options for a reply: "core" ones always go, the others only when the
 /// client's parameter request list (55) names them (or it sent none).
-struct Opts {
-    prl: Option<Vec<OptionCode>>,
+struct Opts<'r> {
+    prl: Option<&'r [OptionCode]>,
     core: Vec<DhcpOption>,
     extra: Vec<DhcpOption>,
     max: usize,
 }
 
-impl Opts {
-    fn new(req: &Message) -> Self {
+impl<'r> Opts<'r> {
+    fn new(req: &'r Message) -> Self {
         let prl = match req.opts().get(OptionCode::ParameterRequestList) {
-            Some(DhcpOption::ParameterRequestList(p)) => Some(p.clone()),
+            Some(DhcpOption::ParameterRequestList(p)) => Some(p.as_slice()),
             _ => None,
         };
         // Option 57 counts the whole DHCP message (RFC 2132 9.10).
@@ -734,16 +734,17 @@ impl Opts {
             Some(DhcpOption::MaxMessageSize(m)) => (*m as usize).clamp(MIN_MESSAGE, 1472),
             _ => MIN_MESSAGE,
         };
+        // Sized for a PXE reply's options: no reallocation on the way.
         Opts {
             prl,
-            core: vec![],
-            extra: vec![],
+            core: Vec::with_capacity(8),
+            extra: Vec::with_capacity(8),
             max,
         }
     }
 
     fn was_requested(&self, code: OptionCode) -> bool {
-        self.prl.as_ref().is_some_and(|p| p.contains(&code))
+        self.prl.is_some_and(|p| p.contains(&code))
     }
 
     fn core(&mut self, o: DhcpOption) {
