@@ -2,10 +2,10 @@
 //! own migrations (`migrations/events/`). Its one writing connection is
 //! called on the event writer's thread, at the lowest CPU priority
 //! ([`crate::priority`]); readers have their own connections at normal
-//! priority, and a WAL reader never waits for the writer. Apart from the store, its transactions never hold
-//! the write lock an API change waits for, and it may lose its last commits
-//! to a power cut (`synchronous = NORMAL`, still consistent), never the
-//! store's.
+//! priority, and a WAL reader never waits for the writer. Apart from the
+//! store, its transactions never hold the write lock an API change waits
+//! for, and it may lose its last commits to a power cut (`synchronous =
+//! NORMAL`, still consistent), never the store's.
 
 use super::Event;
 use crate::clock::now_ms;
@@ -369,13 +369,12 @@ mod tests {
         };
         let write =
             |pragma: &str| -> i64 { log.writer().query_row(pragma, [], |r| r.get(0)).unwrap() };
-        for pragma in ["PRAGMA wal_autocheckpoint", "PRAGMA synchronous"] {
-            // NORMAL (1): the log may lose its last commits to a power cut.
-            let want = if pragma.ends_with("synchronous") {
-                1
-            } else {
-                WAL_AUTOCHECKPOINT as i64
-            };
+        // synchronous NORMAL (1): the log may lose its last commits to a
+        // power cut.
+        for (pragma, want) in [
+            ("PRAGMA wal_autocheckpoint", WAL_AUTOCHECKPOINT as i64),
+            ("PRAGMA synchronous", 1),
+        ] {
             assert_eq!(read(pragma).await, want, "{pragma}");
             assert_eq!(write(pragma), want, "{pragma}");
         }

@@ -588,7 +588,7 @@ pub async fn writer(
     max_age: Duration,
 ) {
     // Whatever an earlier run left untrimmed (up to SLACK - 1 a machine).
-    trim_all(&log, per_machine).await;
+    trim_all(&log, per_machine);
     let mut buf = Vec::with_capacity(BATCH);
     let mut trimmer = Trimmer::default();
     let mut expire = tokio::time::interval(Duration::from_secs(3600));
@@ -632,7 +632,7 @@ pub async fn writer(
                     }
                 }
                 if trimmer.take_overflow() {
-                    trim_all(&log, per_machine).await;
+                    trim_all(&log, per_machine);
                 }
                 buf.clear();
             }
@@ -653,7 +653,7 @@ pub async fn writer(
     // trimming 100k of them one by one here would hold up the shutdown.
 }
 
-async fn trim_all(log: &EventLog, per_machine: u32) {
+fn trim_all(log: &EventLog, per_machine: u32) {
     match log.trim_all(per_machine) {
         Ok(n) if n > 0 => tracing::info!(deleted = n, "trimmed events"),
         Ok(_) => {}
