@@ -29,6 +29,7 @@ pub mod serve;
 pub mod services;
 pub mod store;
 pub mod syslog;
+pub mod text;
 pub mod tftp;
 pub mod token;
 pub mod udp;

@@ -219,7 +219,8 @@ pub struct Xid(pub u32);
 
 impl Serialize for Xid {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&format_args!("{:#010x}", self.0))
+        let text = crate::text::hex32(self.0);
+        s.serialize_str(std::str::from_utf8(&text).map_err(serde::ser::Error::custom)?)
     }
 }
 

@@ -14,7 +14,7 @@
 use super::{Dest, Ignore, Outcome, Port, Reply, Settings, respond};
 use crate::events::{Event, EventSink};
 use crate::inventory::Inventory;
-use crate::metrics::Metrics;
+use crate::metrics::{DhcpLabels, Metrics, Resolved};
 use crate::udp::{Batch, Sender};
 use dhcproto::v4::{DhcpOption, MessageType, OptionCode};
 use nix::sys::socket::{self, sockopt};
@@ -226,11 +226,14 @@ pub(super) struct Outgoing {
     reply: Box<Reply>,
 }
 
-/// A socket thread's buffers: the batch read, the replies, their headers.
+/// A socket thread's buffers: the batch read, the replies, their headers;
+/// and its handles on the request and reply counters.
 struct Worker {
     batch: Batch,
     sender: Sender,
     out: Vec<Outgoing>,
+    requests: Resolved<DhcpLabels>,
+    replies: Resolved<DhcpLabels>,
 }
 
 impl Worker {
@@ -239,6 +242,8 @@ impl Worker {
             batch: Batch::new(BATCH, 4096),
             sender: Sender::new(BATCH),
             out: Vec::with_capacity(BATCH),
+            requests: Resolved::default(),
+            replies: Resolved::default(),
         }
     }
 
@@ -266,7 +271,7 @@ impl Worker {
             let Some((data, d)) = self.batch.get(i) else {
                 continue;
             };
-            if let Some(o) = shell.handle(&snap, data, d.src, d.ifindex, port) {
+            if let Some(o) = shell.handle(&snap, data, d.src, d.ifindex, port, &mut self.requests) {
                 self.out.push(o);
             }
         }
@@ -274,6 +279,7 @@ impl Worker {
             sock,
             &mut self.sender,
             &mut self.out,
+            &mut self.replies,
             &shell.metrics,
             &shell.events,
             shell.settings.mode,
@@ -348,6 +354,7 @@ impl Shell {
         src: SocketAddr,
         ifindex: Option<u32>,
         port: Port,
+        requests: &mut Resolved<DhcpLabels>,
     ) -> Option<Outgoing> {
         let Some(req) = super::decode(data) else {
             self.metrics.dhcp_ignored(Ignore::Malformed.as_str());
@@ -358,8 +365,13 @@ impl Shell {
             Some(DhcpOption::MessageType(t)) => type_name(*t),
             _ => "none",
         };
-        self.metrics
-            .dhcp_request(req_type, self.settings.mode.as_str());
+        requests.inc(
+            &self.metrics.dhcp_requests,
+            DhcpLabels {
+                kind: req_type,
+                mode: self.settings.mode.as_str(),
+            },
+        );
         match respond(&req, port, snap, &self.settings) {
             Outcome::Ignore(Ignore::UnknownMac | Ignore::NoIpv4Reservation)
                 if port == Port::Dhcp
@@ -468,6 +480,7 @@ fn flush(
     sock: &UdpSocket,
     sender: &mut Sender,
     out: &mut Vec<Outgoing>,
+    replies: &mut Resolved<DhcpLabels>,
     metrics: &Metrics,
     events: &EventSink,
     mode: super::Mode,
@@ -502,7 +515,7 @@ fn flush(
     for (o, sent) in out.drain(..).zip(sent) {
         if sent {
             metrics.dhcp_seconds.observe(t0.elapsed().as_secs_f64());
-            record(o, metrics, events, mode);
+            record(o, replies, metrics, events, mode);
         }
     }
 }
@@ -525,7 +538,13 @@ impl crate::events::Text for ReplyText {
 }
 
 /// A reply went: its counter and its event.
-fn record(o: Outgoing, metrics: &Metrics, events: &EventSink, mode: super::Mode) {
+fn record(
+    o: Outgoing,
+    replies: &mut Resolved<DhcpLabels>,
+    metrics: &Metrics,
+    events: &EventSink,
+    mode: super::Mode,
+) {
     let Reply {
         msg,
         kind,
@@ -534,7 +553,13 @@ fn record(o: Outgoing, metrics: &Metrics, events: &EventSink, mode: super::Mode)
         fields,
         ..
     } = *o.reply;
-    metrics.dhcp_reply(kind.as_str(), mode.as_str());
+    replies.inc(
+        &metrics.dhcp_replies,
+        DhcpLabels {
+            kind: kind.as_str(),
+            mode: mode.as_str(),
+        },
+    );
     let text = ReplyText {
         kind,
         to: o.to,
@@ -571,18 +596,21 @@ pub(super) fn deliver(
         tracing::warn!(error = %e, to = %o.to, "dhcp: send failed");
         return false;
     }
-    record(o, metrics, events, mode);
+    // One reply at a time: a handle found here is not used again.
+    record(o, &mut Resolved::default(), metrics, events, mode);
     true
 }
 
 /// `DHCP OFFER to 10.0.0.5:68, boot file ipxe.efi`, in one allocation.
 fn reply_message(kind: &str, to: SocketAddrV4, boot_file: Option<&str>) -> String {
-    use std::fmt::Write;
-    let what = kind.trim_start_matches("dhcp.");
+    let what = kind.strip_prefix("dhcp.").unwrap_or(kind);
     let mut m = String::with_capacity(48 + boot_file.map_or(0, str::len));
     m.push_str("DHCP ");
     m.extend(what.chars().map(|c| c.to_ascii_uppercase()));
-    let _ = write!(m, " to {to}");
+    m.push_str(" to ");
+    crate::text::push_ipv4(&mut m, *to.ip());
+    m.push(':');
+    crate::text::push_dec(&mut m, to.port().into());
     if let Some(f) = boot_file {
         m.push_str(", boot file ");
         m.push_str(f);

@@ -248,7 +248,7 @@ impl EventLog {
                     ns,
                     name,
                     e.mac.map(|m| m.to_string()),
-                    e.ip.map(|i| i.to_string()),
+                    e.ip.map(crate::text::ip),
                     e.kind.as_str(),
                     e.message.as_str(),
                     e.fields.as_deref(),

@@ -434,7 +434,6 @@ pub fn channel(queue: usize, metrics: Arc<Metrics>) -> (EventSink, mpsc::Receive
 /// event log (issue 34). An OFFER not taken, or whose ACK falls in the next
 /// batch, keeps its row; of a retried DISCOVER's OFFERs the last is folded.
 pub fn fold_offers(buf: &mut Vec<Event>) {
-    use std::fmt::Write;
     let mut offers: std::collections::HashMap<(Mac, u32), usize> = Default::default();
     let mut gone = Vec::new();
     for i in 0..buf.len() {
@@ -455,7 +454,9 @@ pub fn fold_offers(buf: &mut Vec<Event>) {
                 let before = (buf[i].ts_ms - buf[j].ts_ms).max(0);
                 let ack = &mut buf[i];
                 ack.render();
-                let _ = write!(ack.message, " (offered {before} ms before)");
+                ack.message.push_str(" (offered ");
+                crate::text::push_dec(&mut ack.message, before as u64);
+                ack.message.push_str(" ms before)");
                 if let Some(f) = &mut ack.fields
                     && f.ends_with('}')
                 {
@@ -463,7 +464,9 @@ pub fn fold_offers(buf: &mut Vec<Event>) {
                     if f.len() > 1 {
                         f.push(',');
                     }
-                    let _ = write!(f, "\"offered_ms_before\":{before}}}");
+                    f.push_str("\"offered_ms_before\":");
+                    crate::text::push_dec(f, before as u64);
+                    f.push('}');
                 }
                 gone.push(j);
             }
