@@ -280,9 +280,7 @@ impl Worker {
             &mut self.sender,
             &mut self.out,
             &mut self.replies,
-            &shell.metrics,
-            &shell.events,
-            shell.settings.mode,
+            shell,
             t0,
         );
         n
@@ -481,11 +479,10 @@ fn flush(
     sender: &mut Sender,
     out: &mut Vec<Outgoing>,
     replies: &mut Resolved<DhcpLabels>,
-    metrics: &Metrics,
-    events: &EventSink,
-    mode: super::Mode,
+    shell: &Shell,
     t0: Instant,
 ) {
+    let (metrics, events, mode) = (&*shell.metrics, &shell.events, shell.settings.mode);
     let mut sent = vec![false; out.len()];
     let mut start = 0;
     while start < out.len() {
