@@ -795,6 +795,19 @@ fn finish(
     for opt in extra {
         msg.opts_mut().insert(opt);
     }
+    let dest = match port {
+        Port::Proxy => Dest::Source,
+        Port::Dhcp if !req.giaddr().is_unspecified() => Dest::Relay(req.giaddr()),
+        Port::Dhcp if !req.ciaddr().is_unspecified() => Dest::Client(req.ciaddr()),
+        // Without ARP injection a unicast to yiaddr cannot reach a client
+        // that has no address yet; RFC 2131 4.1 allows the broadcast.
+        Port::Dhcp => Dest::Broadcast,
+    };
+    // Before encoding: set after it, the flag made every broadcast reply
+    // to a client that had not asked for one be encoded twice.
+    if dest == Dest::Broadcast && !msg.flags().broadcast() {
+        msg.set_flags(Flags::default().set_broadcast());
+    }
     let mut kept = codes.len();
     let mut buf = Vec::with_capacity(600);
     loop {
@@ -810,19 +823,6 @@ fn finish(
         if let Some(code) = codes.get(kept) {
             msg.opts_mut().remove(*code);
         }
-    }
-    let dest = match port {
-        Port::Proxy => Dest::Source,
-        Port::Dhcp if !req.giaddr().is_unspecified() => Dest::Relay(req.giaddr()),
-        Port::Dhcp if !req.ciaddr().is_unspecified() => Dest::Client(req.ciaddr()),
-        // Without ARP injection a unicast to yiaddr cannot reach a client
-        // that has no address yet; RFC 2131 4.1 allows the broadcast.
-        Port::Dhcp => Dest::Broadcast,
-    };
-    if dest == Dest::Broadcast && !msg.flags().broadcast() {
-        msg.set_flags(Flags::default().set_broadcast());
-        // Changed after sizing: the server encodes it again.
-        wire = None;
     }
     if let Some(w) = wire.as_mut()
         && w.len() < MIN_BOOTP

@@ -233,6 +233,10 @@ fn ovmf_pxe_gets_address_and_ipxe_efi_over_tftp() {
     assert!(opt(m, C::Unknown(175)).is_none(), "not iPXE");
     assert_eq!(r.dest, Dest::Broadcast);
     assert!(m.flags().broadcast());
+    // The flag was set before the reply was encoded: its bytes come with
+    // it (`same_wire` compares them), not a second encoding at the socket.
+    let wire = r.wire.as_deref().expect("the reply's bytes");
+    assert_eq!(wire[10] & 0x80, 0x80, "the broadcast flag on the wire");
     assert_eq!(r.machine, Some(Key::new("default", "lab-1")));
 }
 
