@@ -111,11 +111,12 @@ impl PoolThread {
             last: Counts::default(),
         };
         let mut exhausted_event: Option<Instant> = None;
+        let mut tally = super::server::Tally::new(self.settings.mode);
         self.refresh(&mut gauges);
         while !stop.load(Ordering::Relaxed) {
             match rx.recv_timeout(TICK) {
                 Ok(job) => {
-                    if self.handle(job, &mut exhausted_event, &gauges.last) {
+                    if self.handle(job, &mut exhausted_event, &gauges.last, &mut tally) {
                         gauges.dirty = true;
                     }
                 }
@@ -127,7 +128,13 @@ impl PoolThread {
     }
 
     /// Handle one request; true when the pool changed.
-    fn handle(&mut self, job: Job, exhausted_event: &mut Option<Instant>, counts: &Counts) -> bool {
+    fn handle(
+        &mut self,
+        job: Job,
+        exhausted_event: &mut Option<Instant>,
+        counts: &Counts,
+        tally: &mut super::server::Tally,
+    ) -> bool {
         let snap = self.inventory.snapshot();
         let reserved = |ip: Ipv4Addr| snap.by_ip(&IpAddr::V4(ip)).is_some();
         // Handed here for a Hardware interface with no address, or no
@@ -198,7 +205,7 @@ impl PoolThread {
                     job.ifindex,
                     &self.metrics,
                     &self.events,
-                    self.settings.mode,
+                    tally,
                 );
                 if sent {
                     self.metrics

@@ -226,24 +226,52 @@ pub(super) struct Outgoing {
     reply: Box<Reply>,
 }
 
-/// A socket thread's buffers: the batch read, the replies, their headers;
-/// and its handles on the request and reply counters.
-struct Worker {
-    batch: Batch,
-    sender: Sender,
-    out: Vec<Outgoing>,
+/// A DHCP thread's counts of requests and replies by kind, in its mode,
+/// through handles on the series found once ([`Resolved`]).
+pub(super) struct Tally {
+    mode: super::Mode,
     requests: Resolved<DhcpLabels>,
     replies: Resolved<DhcpLabels>,
 }
 
+impl Tally {
+    pub(super) fn new(mode: super::Mode) -> Tally {
+        Tally {
+            mode,
+            requests: Resolved::default(),
+            replies: Resolved::default(),
+        }
+    }
+
+    fn request(&mut self, metrics: &Metrics, kind: &'static str) {
+        let mode = self.mode.as_str();
+        self.requests
+            .inc(&metrics.dhcp_requests, DhcpLabels { kind, mode });
+    }
+
+    fn reply(&mut self, metrics: &Metrics, kind: &'static str) {
+        let mode = self.mode.as_str();
+        self.replies
+            .inc(&metrics.dhcp_replies, DhcpLabels { kind, mode });
+    }
+}
+
+/// A socket thread's buffers: the batch read, the replies, their headers;
+/// and its counts.
+struct Worker {
+    batch: Batch,
+    sender: Sender,
+    out: Vec<Outgoing>,
+    tally: Tally,
+}
+
 impl Worker {
-    fn new() -> Worker {
+    fn new(mode: super::Mode) -> Worker {
         Worker {
             batch: Batch::new(BATCH, 4096),
             sender: Sender::new(BATCH),
             out: Vec::with_capacity(BATCH),
-            requests: Resolved::default(),
-            replies: Resolved::default(),
+            tally: Tally::new(mode),
         }
     }
 
@@ -271,7 +299,7 @@ impl Worker {
             let Some((data, d)) = self.batch.get(i) else {
                 continue;
             };
-            if let Some(o) = shell.handle(&snap, data, d.src, d.ifindex, port, &mut self.requests) {
+            if let Some(o) = shell.handle(&snap, data, d.src, d.ifindex, port, &mut self.tally) {
                 self.out.push(o);
             }
         }
@@ -279,7 +307,7 @@ impl Worker {
             sock,
             &mut self.sender,
             &mut self.out,
-            &mut self.replies,
+            &mut self.tally,
             shell,
             t0,
         );
@@ -313,7 +341,7 @@ impl Shell {
     }
 
     fn read(&self, sock: &UdpSocket, port: Port, crew: &Crew, stop: &AtomicBool) {
-        let mut w = Worker::new();
+        let mut w = Worker::new(self.settings.mode);
         let mut pace = Pace::new(Instant::now(), self.gather);
         // Best effort: without it a gather only ends a little later.
         let _ = nix::sys::prctl::set_timerslack(TIMER_SLACK_NS as _);
@@ -333,7 +361,7 @@ impl Shell {
     }
 
     fn help(&self, sock: &UdpSocket, port: Port, crew: &Crew, stop: &AtomicBool) {
-        let mut w = Worker::new();
+        let mut w = Worker::new(self.settings.mode);
         let mut seen = 0;
         while !stop.load(Ordering::Relaxed) {
             if !crew.wait(&mut seen, STOP_POLL) {
@@ -352,7 +380,7 @@ impl Shell {
         src: SocketAddr,
         ifindex: Option<u32>,
         port: Port,
-        requests: &mut Resolved<DhcpLabels>,
+        tally: &mut Tally,
     ) -> Option<Outgoing> {
         let Some(req) = super::decode(data) else {
             self.metrics.dhcp_ignored(Ignore::Malformed.as_str());
@@ -363,13 +391,7 @@ impl Shell {
             Some(DhcpOption::MessageType(t)) => type_name(*t),
             _ => "none",
         };
-        requests.inc(
-            &self.metrics.dhcp_requests,
-            DhcpLabels {
-                kind: req_type,
-                mode: self.settings.mode.as_str(),
-            },
-        );
+        tally.request(&self.metrics, req_type);
         match respond(&req, port, snap, &self.settings) {
             Outcome::Ignore(Ignore::UnknownMac | Ignore::NoIpv4Reservation)
                 if port == Port::Dhcp
@@ -478,11 +500,11 @@ fn flush(
     sock: &UdpSocket,
     sender: &mut Sender,
     out: &mut Vec<Outgoing>,
-    replies: &mut Resolved<DhcpLabels>,
+    tally: &mut Tally,
     shell: &Shell,
     t0: Instant,
 ) {
-    let (metrics, events, mode) = (&*shell.metrics, &shell.events, shell.settings.mode);
+    let (metrics, events) = (&*shell.metrics, &shell.events);
     let mut sent = vec![false; out.len()];
     let mut start = 0;
     while start < out.len() {
@@ -512,7 +534,7 @@ fn flush(
     for (o, sent) in out.drain(..).zip(sent) {
         if sent {
             metrics.dhcp_seconds.observe(t0.elapsed().as_secs_f64());
-            record(o, replies, metrics, events, mode);
+            record(o, tally, metrics, events);
         }
     }
 }
@@ -535,13 +557,7 @@ impl crate::events::Text for ReplyText {
 }
 
 /// A reply went: its counter and its event.
-fn record(
-    o: Outgoing,
-    replies: &mut Resolved<DhcpLabels>,
-    metrics: &Metrics,
-    events: &EventSink,
-    mode: super::Mode,
-) {
+fn record(o: Outgoing, tally: &mut Tally, metrics: &Metrics, events: &EventSink) {
     let Reply {
         msg,
         kind,
@@ -550,13 +566,7 @@ fn record(
         fields,
         ..
     } = *o.reply;
-    replies.inc(
-        &metrics.dhcp_replies,
-        DhcpLabels {
-            kind: kind.as_str(),
-            mode: mode.as_str(),
-        },
-    );
+    tally.reply(metrics, kind.as_str());
     let text = ReplyText {
         kind,
         to: o.to,
@@ -582,7 +592,7 @@ pub(super) fn deliver(
     ifindex: Option<u32>,
     metrics: &Metrics,
     events: &EventSink,
-    mode: super::Mode,
+    tally: &mut Tally,
 ) -> bool {
     let Some(o) = prepare(r, src, ifindex, metrics) else {
         return false;
@@ -593,8 +603,7 @@ pub(super) fn deliver(
         tracing::warn!(error = %e, to = %o.to, "dhcp: send failed");
         return false;
     }
-    // One reply at a time: a handle found here is not used again.
-    record(o, &mut Resolved::default(), metrics, events, mode);
+    record(o, tally, metrics, events);
     true
 }
 
