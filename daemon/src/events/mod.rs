@@ -15,8 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// Events written per transaction at most.
-const BATCH: usize = 4096;
+/// Events written per transaction at most: a second of events at 6,000
+/// DORA/s (an OFFER and an ACK each) fits, so that under such a load the
+/// writer commits about once a [`LINGER_BUSY`].
+const BATCH: usize = 16384;
 
 /// How long the writer keeps gathering after an event arrives before it
 /// commits. Most of an event's cost is the B-tree pages it dirties (the
@@ -29,16 +31,20 @@ const BATCH: usize = 4096;
 const LINGER: Duration = Duration::from_millis(100);
 
 /// How long the writer gathers after a busy batch (at least [`BUSY`]
-/// rows: ~2,500 events a second; it goes back to [`LINGER`] below ~1,000).
-/// A commit has costs that do not grow with its rows: the WAL frames of
-/// the index pages every batch touches, and SQLite's walk of its whole
-/// page cache at the end of any transaction in which a B-tree balance
-/// renumbered pages (`balance_nonroot` parks a page at the lock-byte page
-/// number, and the next truncate then scans every cached page). Under
-/// load, fewer and larger commits share them: at 6,000 DORA/s the commit
-/// was over a third of the writer's time. Events still reach the web
-/// page's feed within its 250 ms windows plus this.
-const LINGER_BUSY: Duration = Duration::from_millis(250);
+/// rows: ~2,500 events a second; it goes back to [`LINGER`] when a batch
+/// has fewer, under ~256 events a second). A commit has costs that do not
+/// grow with its rows: the WAL frames of the index pages every batch
+/// touches, and SQLite's walk of its whole page cache at the end of any
+/// transaction in which a B-tree balance renumbered pages
+/// (`balance_nonroot` parks a page at the lock-byte page number, and the
+/// next truncate then scans every cached page). That walk reads ~8,000
+/// pages that have mostly gone cold, and on the nested VMs of
+/// BENCHMARKS.md touching a cold 4 KiB page costs microseconds
+/// (`tests/bench/pagecost`): 13-30 ms a walk, ~50 ms a second at 6,000
+/// DORA/s with 250 ms here. Under load, fewer and larger commits share
+/// these costs. Events still reach the web page's feed within its 250 ms
+/// windows plus this.
+const LINGER_BUSY: Duration = Duration::from_millis(1000);
 
 /// Rows in a batch that make the writer linger for [`LINGER_BUSY`].
 const BUSY: usize = 256;
@@ -609,7 +615,17 @@ pub async fn writer(
                 // A batch that is already large (events piled up during
                 // the last transaction) goes at once: no rate limit here.
                 if buf.len() < BATCH / 4 {
-                    tokio::time::sleep(linger).await;
+                    // In slices, so that a storm starting meanwhile ends
+                    // the linger before it fills the queue.
+                    let full = (BATCH / 4).min(rx.max_capacity() / 4).max(1);
+                    let until = tokio::time::Instant::now() + linger;
+                    loop {
+                        let left = until.saturating_duration_since(tokio::time::Instant::now());
+                        if left.is_zero() || rx.len() >= full {
+                            break;
+                        }
+                        tokio::time::sleep(left.min(LINGER)).await;
+                    }
                     while buf.len() < BATCH {
                         match rx.try_recv() {
                             Ok(e) => buf.push(e),
@@ -797,6 +813,47 @@ mod tests {
         burst(1);
         at(LINGER.as_millis() as u64 + 10).await;
         assert_eq!(m.events_written.get(), BUSY as u64 + 2, "back to LINGER");
+        drop(sink);
+        writer.await.unwrap();
+    }
+
+    /// A storm that starts while the writer lingers ends the linger once a
+    /// quarter of the queue waits, long before the queue could fill.
+    #[tokio::test]
+    async fn a_storm_ends_the_linger() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EventLog::open(&dir.path().join(log::FILE)).await.unwrap();
+        tokio::time::pause();
+        let m = Arc::new(Metrics::new());
+        let (sink, rx) = channel(10_000, m.clone());
+        let writer = tokio::spawn(writer(
+            rx,
+            store,
+            Feed::default(),
+            m.clone(),
+            1000,
+            Duration::from_secs(3600),
+        ));
+        let burst = |n: usize| {
+            for i in 0..n {
+                let k = Key::new("default", format!("m{}", i % 50));
+                sink.record(Event::new(Kind::Test, "e").machine(k));
+            }
+        };
+        let at = |ms: u64| tokio::time::sleep(Duration::from_millis(ms));
+        burst(BUSY);
+        at(LINGER.as_millis() as u64 + 10).await;
+        assert_eq!(m.events_written.get(), BUSY as u64);
+        // Busy: the next event waits for up to LINGER_BUSY...
+        burst(1);
+        at(150).await;
+        assert_eq!(m.events_written.get(), BUSY as u64);
+        // ...unless a quarter of the queue (2,500) piles up behind it.
+        burst(2500);
+        at(LINGER.as_millis() as u64 + 10).await;
+        assert_eq!(m.events_written.get(), BUSY as u64 + 2501, "within a slice");
+        assert!(150 + LINGER.as_millis() + 10 < LINGER_BUSY.as_millis());
+        assert_eq!(m.events_dropped.get(), 0);
         drop(sink);
         writer.await.unwrap();
     }
