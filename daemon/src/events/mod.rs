@@ -775,16 +775,21 @@ mod tests {
         store.close().await;
     }
 
-    /// A busy batch makes the writer gather longer before its next commit;
-    /// a quiet one brings it back (time paused: exact).
-    #[tokio::test]
-    async fn a_busy_batch_makes_the_writer_linger_longer() {
+    /// A writer on a fresh log with a queue of `queue`, time paused (after
+    /// the open: sqlx's pool has timeouts of its own), so lingers are exact.
+    async fn paused_writer(
+        queue: usize,
+    ) -> (
+        tempfile::TempDir,
+        EventSink,
+        Arc<Metrics>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let store = EventLog::open(&dir.path().join(log::FILE)).await.unwrap();
-        // Paused after the open: sqlx's pool has timeouts of its own.
         tokio::time::pause();
         let m = Arc::new(Metrics::new());
-        let (sink, rx) = channel(10_000, m.clone());
+        let (sink, rx) = channel(queue, m.clone());
         let writer = tokio::spawn(writer(
             rx,
             store,
@@ -793,24 +798,38 @@ mod tests {
             1000,
             Duration::from_secs(3600),
         ));
-        let burst = |n: usize| {
-            for i in 0..n {
-                let k = Key::new("default", format!("m{}", i % 50));
-                sink.record(Event::new(Kind::Test, "e").machine(k));
-            }
-        };
-        let at = |ms: u64| tokio::time::sleep(Duration::from_millis(ms));
-        burst(BUSY);
+        (dir, sink, m, writer)
+    }
+
+    /// `n` events over 50 machines.
+    fn burst(sink: &EventSink, n: usize) {
+        for i in 0..n {
+            let k = Key::new("default", format!("m{}", i % 50));
+            sink.record(Event::new(Kind::Test, "e").machine(k));
+        }
+    }
+
+    /// Sleeps `ms` of (paused) time.
+    async fn at(ms: u64) {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    /// A busy batch makes the writer gather longer before its next commit;
+    /// a quiet one brings it back (time paused: exact).
+    #[tokio::test]
+    async fn a_busy_batch_makes_the_writer_linger_longer() {
+        let (_dir, sink, m, writer) = paused_writer(10_000).await;
+        burst(&sink, BUSY);
         at(LINGER.as_millis() as u64 + 10).await;
         assert_eq!(m.events_written.get(), BUSY as u64, "the first batch");
         // After a busy batch: not within LINGER, within LINGER_BUSY.
-        burst(1);
+        burst(&sink, 1);
         at(LINGER.as_millis() as u64 + 10).await;
         assert_eq!(m.events_written.get(), BUSY as u64, "lingering longer");
         at((LINGER_BUSY - LINGER).as_millis() as u64).await;
         assert_eq!(m.events_written.get(), BUSY as u64 + 1);
         // After that quiet batch: LINGER again.
-        burst(1);
+        burst(&sink, 1);
         at(LINGER.as_millis() as u64 + 10).await;
         assert_eq!(m.events_written.get(), BUSY as u64 + 2, "back to LINGER");
         drop(sink);
@@ -821,38 +840,19 @@ mod tests {
     /// quarter of the queue waits, long before the queue could fill.
     #[tokio::test]
     async fn a_storm_ends_the_linger() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EventLog::open(&dir.path().join(log::FILE)).await.unwrap();
-        tokio::time::pause();
-        let m = Arc::new(Metrics::new());
-        let (sink, rx) = channel(10_000, m.clone());
-        let writer = tokio::spawn(writer(
-            rx,
-            store,
-            Feed::default(),
-            m.clone(),
-            1000,
-            Duration::from_secs(3600),
-        ));
-        let burst = |n: usize| {
-            for i in 0..n {
-                let k = Key::new("default", format!("m{}", i % 50));
-                sink.record(Event::new(Kind::Test, "e").machine(k));
-            }
-        };
-        let at = |ms: u64| tokio::time::sleep(Duration::from_millis(ms));
-        burst(BUSY);
+        let (_dir, sink, m, writer) = paused_writer(10_000).await;
+        burst(&sink, BUSY);
         at(LINGER.as_millis() as u64 + 10).await;
         assert_eq!(m.events_written.get(), BUSY as u64);
         // Busy: the next event waits for up to LINGER_BUSY...
-        burst(1);
+        burst(&sink, 1);
         at(150).await;
         assert_eq!(m.events_written.get(), BUSY as u64);
         // ...unless a quarter of the queue (2,500) piles up behind it.
-        burst(2500);
+        burst(&sink, 2500);
         at(LINGER.as_millis() as u64 + 10).await;
         assert_eq!(m.events_written.get(), BUSY as u64 + 2501, "within a slice");
-        assert!(150 + LINGER.as_millis() + 10 < LINGER_BUSY.as_millis());
+        const { assert!(150 + LINGER.as_millis() + 10 < LINGER_BUSY.as_millis()) };
         assert_eq!(m.events_dropped.get(), 0);
         drop(sink);
         writer.await.unwrap();
