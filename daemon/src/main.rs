@@ -11,12 +11,7 @@ use tinkerbox::kinds::Kind;
 /// mimalloc rather than glibc's malloc: every DHCP reply's event is built
 /// on a DHCP thread and freed by the event writer, and glibc pays for such
 /// cross-thread frees with arena locks and chunk consolidation (~10% of the
-/// server's CPU under a DHCP storm in `perf`). Its heap is backed by
-/// transparent huge pages (mimalloc's default; `madvise` is enough): the
-/// inventory snapshot a DHCP thread reads for each request spans thousands
-/// of 4 KiB pages, most of them untouched for a while, and on the VMs of
-/// BENCHMARKS.md each such touch cost microseconds (`tests/bench/pagecost`);
-/// ~16 MiB more resident memory at idle buys 2 MiB pages that stay warm.
+/// server's CPU under a DHCP storm in `perf`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
