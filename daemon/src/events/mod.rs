@@ -604,6 +604,9 @@ pub async fn writer(
     expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut gather = Gather::default();
     let mut linger = LINGER;
+    // Queued events that end a linger (or skip it): a quarter of a batch,
+    // or of the queue, so that a storm never fills the queue meanwhile.
+    let full = (BATCH / 4).min(rx.max_capacity() / 4).max(1);
     loop {
         tokio::select! {
             n = rx.recv_many(&mut buf, BATCH) => {
@@ -614,10 +617,8 @@ pub async fn writer(
                 // would be woken (another thread unparked) by every event.
                 // A batch that is already large (events piled up during
                 // the last transaction) goes at once: no rate limit here.
-                if buf.len() < BATCH / 4 {
-                    // In slices, so that a storm starting meanwhile ends
-                    // the linger before it fills the queue.
-                    let full = (BATCH / 4).min(rx.max_capacity() / 4).max(1);
+                if buf.len() < full {
+                    // In slices, so that a storm starting meanwhile ends it.
                     let until = tokio::time::Instant::now() + linger;
                     loop {
                         let left = until.saturating_duration_since(tokio::time::Instant::now());
